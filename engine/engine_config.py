@@ -1,0 +1,40 @@
+"""Engine settings, each with the reason it exists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from policies import Knobs
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None            # None: bundled SmolLM2; or a preset, .gguf file or HF directory
+    dtype: str = "auto"                 # auto: bf16 where the CPU (AMX/AVX512-BF16) or GPU runs it fast
+    device: str = "cpu"
+    block_size: int = 16                # tokens per KV block
+    kv_cache_memory_mb: float = 512.0   # KV pool size, unless num_kv_blocks is given
+    num_kv_blocks: int | None = None
+    max_model_len: int | None = None    # None: the model's own limit, capped at 8192
+    policy: str = "sarathi"
+    knobs: Knobs = field(default_factory=Knobs)
+    attention_backend: str = "auto"
+    seed: int = 0                       # sampling of requests without their own seed; dummy weights
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if bf16_is_fast(self.device) else torch.float32
+        names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+                 "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+        if self.dtype not in names:
+            raise ValueError(f"unknown dtype {self.dtype!r}: expected auto, bf16, fp16 or fp32")
+        return names[self.dtype]
+
+
+def bf16_is_fast(device: str) -> bool:
+    """bf16 matmuls are fast only with hardware support; without it they run several times slower."""
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())

@@ -1,0 +1,198 @@
+"""The engine: requests in, one scheduled forward pass per step, token deltas and step records out."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.checkpoint import load_checkpoint, resolve_model
+from engine.detokenizer import Detokenizer
+from engine.engine_config import EngineConfig
+from engine.errors import InvalidRequestError
+from engine.model_runner import ModelRunner
+from engine.outputs import RequestOutput, StepRecord
+from engine.request import FinishReason, Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduleResult, Scheduler
+from engine.tokenizer import Tokenizer, load_tokenizer
+from policies import Knobs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        dtype = config.torch_dtype()
+        kind, location = resolve_model(config.model)
+        checkpoint = load_checkpoint(config.model, dtype, config.seed)
+        self.model_config = mc = checkpoint.config
+        self.tokenizer: Tokenizer = load_tokenizer(kind, location, mc.vocab_size, mc.eos_token_ids)
+        self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)))
+        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
+        num_blocks = config.num_kv_blocks or self._blocks_for_memory(dtype)
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs)
+        self.runner = ModelRunner(checkpoint, dtype, config.device, num_blocks, config.block_size,
+                                  self.max_model_len, config.attention_backend, config.seed)
+        del checkpoint
+        self.requests: dict[str, Request] = {}
+        self._detokenizers: dict[str, Detokenizer] = {}
+        self._ids = itertools.count()
+        self._step = 0
+        self.step_listeners: list[Callable[[StepRecord], None]] = []
+        log.info("engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d", mc.name, dtype,
+                 num_blocks, config.block_size, self.max_model_len)
+
+    def _blocks_for_memory(self, dtype: torch.dtype) -> int:
+        bytes_per_block = self.model_config.kv_bytes_per_token * dtype.itemsize * self.config.block_size
+        return max(1, int(self.config.kv_cache_memory_mb * 2**20 // bytes_per_block))
+
+    # -- requests --
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        params = params or SamplingParams()
+        ids = self._prompt_ids(prompt)
+        self._check_fits(ids, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        request = Request(request_id, ids, params, arrival_time or time.monotonic())
+        self.requests[request_id] = request
+        self._detokenizers[request_id] = Detokenizer(self.tokenizer, params.stop)
+        self.scheduler.add(request)
+        return request_id
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt) if prompt else []
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary "
+                                          f"[0, {self.model_config.vocab_size})", "prompt")
+        else:
+            raise InvalidRequestError("prompt must be a string or a list of token ids", "prompt")
+        if not ids:
+            raise InvalidRequestError("prompt is empty", "prompt")
+        return ids
+
+    def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
+        total = len(ids) + params.max_tokens
+        if len(ids) >= self.max_model_len or total > self.max_model_len:
+            raise InvalidRequestError(
+                f"this model's maximum length is {self.max_model_len} tokens; the prompt has {len(ids)} "
+                f"and max_tokens asks for {params.max_tokens} more", "max_tokens" if len(ids) < self.max_model_len
+                else "prompt")
+        needed = self.block_manager.blocks_for(total)
+        if needed > self.block_manager.num_blocks:
+            raise InvalidRequestError(f"the request needs {needed} KV blocks but the whole pool has "
+                                      f"{self.block_manager.num_blocks}; lower max_tokens or the prompt", "max_tokens")
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its KV; False if it is unknown or already finished."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return False
+        self._finish(request, FinishReason.ABORT)
+        self.requests.pop(request_id)
+        self._detokenizers.pop(request_id)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def set_knobs(self, **changes) -> Knobs:
+        """Validated now, applied at the next step boundary; the current knobs stay on error."""
+        knobs = self.scheduler.knobs.replace(**changes)
+        self.scheduler.set_knobs(knobs)
+        return knobs
+
+    def set_policy(self, name: str) -> None:
+        self.scheduler.set_policy(name)
+
+    # -- one step --
+    def step(self, return_logits: bool = False) -> list[RequestOutput]:
+        start = time.monotonic()
+        t0 = time.perf_counter()
+        result = self.scheduler.schedule()
+        schedule_s = time.perf_counter() - t0
+        if not result.scheduled:
+            return []
+        sampling = [s.request for s in result.scheduled if s.samples]
+        out = self.runner.execute(result.scheduled, [self._banned(r) for r in sampling], return_logits)
+        self.scheduler.commit(result)
+        self.last_logits = out.logits
+        now = time.monotonic()
+        outputs = [self._append(r, out.tokens[r.request_id], now) for r in sampling]
+        self._emit_record(result, start, now - start, schedule_s, out.timing)
+        return outputs
+
+    def _banned(self, request: Request) -> tuple[int, ...]:
+        p = request.params
+        if request.num_output_tokens >= p.min_tokens:
+            return ()
+        return p.stop_token_ids + (() if p.ignore_eos else self.eos_token_ids)
+
+    def _append(self, request: Request, token: int, now: float) -> RequestOutput:
+        request.output_token_ids.append(token)
+        t = request.timings
+        t.first_token = t.first_token or now
+        t.token_times.append(now)
+        detok = self._detokenizers[request.request_id]
+        reason = self._stop_reason(request, token)
+        if reason is not FinishReason.STOP:  # a stop token is not part of the text
+            detok.add(request.output_token_ids)
+        if detok.stopped:
+            reason = FinishReason.STOP
+        if reason is not None:
+            self._finish(request, reason)
+        return self._output(request, [token])
+
+    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
+        p = request.params
+        if request.num_output_tokens >= p.min_tokens and (
+                token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)):
+            return FinishReason.STOP
+        if request.num_output_tokens >= p.max_tokens or request.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        self.scheduler.finish(request, reason)
+        self.runner.sampler.forget(request.request_id)
+
+    def _output(self, request: Request, new_tokens: list[int]) -> RequestOutput:
+        detok = self._detokenizers[request.request_id]
+        finished = request.status is RequestStatus.FINISHED
+        delta = detok.delta(final=finished)
+        if finished:  # the engine keeps no finished request: its caller has the final output
+            self.requests.pop(request.request_id, None)
+            self._detokenizers.pop(request.request_id, None)
+        return RequestOutput(request.request_id, new_tokens, delta, detok.text, list(request.output_token_ids),
+                             request.num_prompt_tokens, finished,
+                             request.finish_reason.value if request.finish_reason else None)
+
+    def _emit_record(self, result: ScheduleResult, start: float, duration: float, schedule_s: float, timing) -> None:
+        decodes = sum(1 for s in result.scheduled if s.num_tokens == 1 and s.context_len >= s.request.num_prompt_tokens)
+        tokens = sum(s.num_tokens for s in result.scheduled)
+        record = StepRecord(
+            step=self._step, start=start, duration_s=duration, num_prefill_tokens=tokens - decodes,
+            num_decode_tokens=decodes, num_prefill_seqs=len(result.scheduled) - decodes,
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_preempted=result.num_preempted, kv_usage=self.block_manager.usage,
+            context_tokens=sum(s.context_len + s.num_tokens for s in result.scheduled),
+            prepare_s=timing.prepare_s, forward_s=timing.forward_s, sample_s=timing.sample_s,
+            schedule_s=schedule_s, policy=result.policy, knobs_version=result.knobs.version)
+        self._step += 1
+        self.last_record = record
+        for listener in self.step_listeners:
+            listener(record)

@@ -1,0 +1,95 @@
+"""Turns a scheduled step into one flattened forward pass over the paged KV cache, then samples."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention import make_attention_backend
+from engine.batch_layout import BatchLayout
+from engine.checkpoint import Checkpoint, fuse_projections
+from engine.model import LlamaForCausalLM
+from engine.sampler import Sampler
+from engine.scheduler import ScheduledRequest
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    prepare_s: float
+    forward_s: float
+    sample_s: float
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    tokens: dict[str, int]        # request_id -> its new token, for requests that sampled
+    logits: torch.Tensor | None   # [sampling rows, vocab] when asked for (tests)
+    timing: StepTiming
+
+
+class ModelRunner:
+    def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype, device: str, num_blocks: int,
+                 block_size: int, max_model_len: int, attention_backend: str = "auto", seed: int = 0) -> None:
+        self.config = checkpoint.config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.block_size = block_size
+        self.model = build_model(checkpoint, dtype, self.device, max_model_len)
+        c = self.config
+        self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * block_size, c.num_kv_heads, c.head_dim,
+                                    dtype=dtype, device=self.device)
+        self.attention = make_attention_backend(attention_backend, c.head_dim ** -0.5)
+        self.sampler = Sampler(seed)
+
+    def execute(self, scheduled: list[ScheduledRequest], banned: list[tuple[int, ...]] | None = None,
+                return_logits: bool = False) -> StepOutput:
+        """Run one step. `banned[i]` lists tokens the i-th *sampling* request may not pick (min_tokens)."""
+        t0 = time.perf_counter()
+        layout, input_ids, sampling = self._prepare(scheduled)
+        meta = self.attention.prepare(layout, self.device)
+        to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+        logits_indices = (layout.query_starts + layout.query_lens - 1)[sampling]
+        t1 = time.perf_counter()
+        logits = self.model(to(input_ids), to(layout.positions()), to(logits_indices),
+                            self.attention, self.kv_cache, meta).cpu()
+        t2 = time.perf_counter()
+        requests = [scheduled[i].request for i in sampling]
+        ids = [r.request_id for r in requests]
+        picks = self.sampler.sample(logits.clone() if return_logits else logits, ids,
+                                    [r.params for r in requests], banned or [()] * len(requests))
+        t3 = time.perf_counter()
+        return StepOutput(dict(zip(ids, picks)), logits if return_logits else None, StepTiming(t1 - t0, t2 - t1, t3 - t2))
+
+    def _prepare(self, scheduled: list[ScheduledRequest]) -> tuple[BatchLayout, np.ndarray, np.ndarray]:
+        num_decodes = 0
+        for s in scheduled:
+            if s.num_tokens == 1 and s.context_len >= s.request.num_prompt_tokens:
+                num_decodes += 1
+        input_ids = np.fromiter((t for s in scheduled for t in s.request.token_ids(s.context_len,
+                                 s.context_len + s.num_tokens)), dtype=np.int64)
+        layout = BatchLayout(
+            num_decodes=num_decodes,
+            query_lens=np.array([s.num_tokens for s in scheduled], dtype=np.int64),
+            context_lens=np.array([s.context_len for s in scheduled], dtype=np.int64),
+            block_tables=[np.asarray(s.request.block_table, dtype=np.int64) for s in scheduled],
+            block_size=self.block_size,
+        )
+        sampling = np.array([i for i, s in enumerate(scheduled) if s.samples], dtype=np.int64)
+        return layout, input_ids, sampling
+
+
+def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, max_positions: int) -> LlamaForCausalLM:
+    """Build on the meta device (no wasted init), then take the checkpoint's tensors as parameters."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(checkpoint.config, max_positions)
+    state = {k: v.to(device=device, dtype=dtype) for k, v in fuse_projections(checkpoint.state_dict, checkpoint.config).items()}
+    if checkpoint.config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if checkpoint.config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary = type(model.model.rotary)(checkpoint.config, max_positions).to(device)
+    return model.eval()

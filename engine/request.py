@@ -1,0 +1,79 @@
+"""A request's life: waiting -> running (catching its computed tokens up to its known tokens) ->
+finished, with preemption sending it back to waiting to be recomputed from scratch."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"   # waiting again; its KV was freed and will be recomputed
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"             # EOS, a stop token id or a stop string
+    LENGTH = "length"         # max_tokens or the model's max length
+    ABORT = "abort"           # the client went away or the server shut down
+    ERROR = "error"           # this request failed; the engine goes on
+
+
+@dataclass
+class RequestTimings:
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished: float | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+    output_text: str = ""
+    timings: RequestTimings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.timings = RequestTimings(self.arrival_time)
+
+    # -- the read-only view policies see (policies.view.SequenceState) --
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_table)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]

@@ -1,0 +1,145 @@
+"""The scheduler loop's bookkeeping: queues, knobs and policy, and applying a policy's plan.
+
+Each step it hands the active policy a read-only view, checks and applies the plan (preempt,
+admit, grow block tables) and returns the requests to compute with their token counts. Knob and
+policy changes are queued and take effect at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from engine.block_manager import BlockManager
+from engine.request import FinishReason, Request, RequestStatus
+from policies import BatchPlan, Knobs, SchedulerView, get_policy
+from policies.registry import Policy
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request: Request
+    num_tokens: int
+    context_len: int        # tokens already cached before this step
+
+    @property
+    def samples(self) -> bool:
+        """This chunk reaches the last known token, so the step yields a new token for it."""
+        return self.context_len + self.num_tokens == self.request.num_tokens
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    scheduled: list[ScheduledRequest]   # decodes first, then prefill chunks
+    num_preempted: int
+    knobs: Knobs
+    policy: str
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, policy: str = "sarathi", knobs: Knobs | None = None) -> None:
+        self.blocks = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.policy: Policy = get_policy(policy)
+        self.knobs = knobs or Knobs()
+        self._pending: tuple[Policy | None, Knobs | None] = (None, None)
+        self._lock = threading.Lock()
+        self.num_preemptions = 0
+
+    # -- changes from other threads, applied at the next step boundary --
+    def set_knobs(self, knobs: Knobs) -> None:
+        with self._lock:
+            self._pending = (self._pending[0], knobs)
+
+    def set_policy(self, name: str) -> None:
+        policy = get_policy(name)
+        with self._lock:
+            self._pending = (policy, self._pending[1])
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            policy, knobs = self._pending
+            self._pending = (None, None)
+        self.policy = policy or self.policy
+        self.knobs = knobs or self.knobs
+
+    # -- queues --
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """Leave whichever queue it is in and give its KV back."""
+        if request.status is RequestStatus.FINISHED:
+            return
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._release(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.timings.finished = time.monotonic()
+
+    def _release(self, request: Request) -> None:
+        self.blocks.free(request.block_table)
+        request.block_table = []
+        request.num_computed_tokens = 0
+
+    # -- one step --
+    def schedule(self) -> ScheduleResult:
+        self._apply_pending()
+        view = SchedulerView(self.running, self.waiting, self.blocks.num_free_blocks, self.blocks.num_blocks,
+                             self.blocks.block_size, time.monotonic())
+        plan = self.policy.plan(view, self.knobs)
+        self._check(plan)
+        by_id = {r.request_id: r for r in self.running}
+        by_id.update((r.request_id, r) for r in self.waiting)
+        self._preempt([by_id[i] for i in plan.preempted])
+        self._admit([by_id[i] for i in plan.admitted])
+        scheduled = []
+        for chunk in plan.scheduled:
+            request = by_id[chunk.request_id]
+            context = request.num_computed_tokens
+            self.blocks.grow(request.block_table, context + chunk.num_tokens)
+            scheduled.append(ScheduledRequest(request, chunk.num_tokens, context))
+        scheduled.sort(key=lambda s: not (s.num_tokens == 1 and s.context_len >= s.request.num_prompt_tokens))
+        return ScheduleResult(scheduled, len(plan.preempted), self.knobs, self.policy.name)
+
+    def _check(self, plan: BatchPlan) -> None:
+        """Plans are trusted to be frugal, but a broken one must fail loudly, not corrupt the cache."""
+        if plan.num_tokens > self.knobs.token_budget:
+            raise RuntimeError(f"{self.policy.name} planned {plan.num_tokens} tokens over a budget of "
+                               f"{self.knobs.token_budget}")
+        ids = [c.request_id for c in plan.scheduled]
+        if len(ids) != len(set(ids)) or any(c.num_tokens < 1 for c in plan.scheduled):
+            raise RuntimeError(f"{self.policy.name} planned a request twice or for no tokens")
+
+    def _preempt(self, victims: list[Request]) -> None:
+        for request in victims:
+            self.running.remove(request)
+            self._release(request)
+            request.status = RequestStatus.PREEMPTED
+            request.num_preemptions += 1
+            self.num_preemptions += 1
+        # back to the head of the queue, oldest first, so they resume before newer arrivals
+        for request in sorted(victims, key=lambda r: r.arrival_time, reverse=True):
+            self.waiting.appendleft(request)
+
+    def _admit(self, admitted: list[Request]) -> None:
+        for request in admitted:
+            self.waiting.remove(request)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            if request.timings.first_scheduled is None:
+                request.timings.first_scheduled = time.monotonic()
+
+    def commit(self, result: ScheduleResult) -> None:
+        """The step ran: its tokens are now in the KV cache."""
+        for s in result.scheduled:
+            s.request.num_computed_tokens = s.context_len + s.num_tokens

@@ -1,0 +1,22 @@
+"""A policy's answer for one step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    request_id: str
+    num_tokens: int          # 1 for a decode, the chunk length for a prefill
+
+
+@dataclass
+class BatchPlan:
+    scheduled: list[ScheduledChunk] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)     # waiting requests that start running this step
+    preempted: list[str] = field(default_factory=list)    # running requests whose KV is freed (recompute later)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.scheduled)

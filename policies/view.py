@@ -1,0 +1,52 @@
+"""The read-only state a policy plans from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class SequenceState(Protocol):
+    """What a policy may read of a request (engine.request.Request satisfies it; never mutate it)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def arrival_time(self) -> float: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...             # prompt + generated so far: what must be in the KV cache
+    @property
+    def num_computed_tokens(self) -> int: ...    # how many of them already are
+    @property
+    def num_blocks(self) -> int: ...
+
+
+def remaining_tokens(seq: SequenceState) -> int:
+    return seq.num_tokens - seq.num_computed_tokens
+
+
+def is_decode(seq: SequenceState) -> bool:
+    """One new token past a fully computed prompt (a resumed request recomputes as a prefill)."""
+    return seq.num_computed_tokens >= seq.num_prompt_tokens and remaining_tokens(seq) == 1
+
+
+@dataclass(frozen=True)
+class SchedulerView:
+    running: Sequence[SequenceState]   # admitted, holding KV, in admission order
+    waiting: Sequence[SequenceState]   # not admitted (new, or preempted and to be recomputed), queue order
+    free_blocks: int
+    total_blocks: int
+    block_size: int
+    now: float = 0.0
+
+    def blocks_needed(self, seq: SequenceState, num_new_tokens: int) -> int:
+        """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens."""
+        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(0, total - seq.num_blocks)
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.free_blocks / self.total_blocks
