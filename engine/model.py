@@ -89,7 +89,6 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor,
                 backend: AttentionBackend, kv_cache: torch.Tensor, meta: Any) -> torch.Tensor:
         """One step over all scheduled tokens; returns float32 logits only at `logits_indices`.

@@ -44,6 +44,7 @@ class ModelRunner:
         self.attention = make_attention_backend(attention_backend, c.head_dim ** -0.5)
         self.sampler = Sampler(seed)
 
+    @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest], banned: list[tuple[int, ...]] | None = None,
                 return_logits: bool = False) -> StepOutput:
         """Run one step. `banned[i]` lists tokens the i-th *sampling* request may not pick (min_tokens)."""

@@ -1,0 +1,66 @@
+"""Write a Hugging Face model as a llama.cpp-style GGUF (q/k rows permuted, gpt2 byte-level vocab)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute: rotate-half pairs become interleaved pairs."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model: torch.nn.Module, path: str) -> None:
+    import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    c = model.config
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("tiny-test")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_theta if hasattr(c, "rope_theta") else c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    alphabet = list(bytes_to_unicode().values())
+    tokens = ["<pad>", "<s>", "</s>"] + alphabet + ["hi"] + [f"<extra{i}>" for i in range(c.vocab_size - 260)]
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * 257
+                      + [gguf.TokenType.USER_DEFINED] * (c.vocab_size - 260))
+    w.add_token_merges(["h i"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for name, tensor in model.state_dict().items():
+        array = tensor.float().numpy()
+        if name == "model.embed_tokens.weight":
+            w.add_tensor("token_embd.weight", array)
+        elif name == "model.norm.weight":
+            w.add_tensor("output_norm.weight", array)
+        elif name == "lm_head.weight":
+            if not c.tie_word_embeddings:
+                w.add_tensor("output.weight", array)
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            if rest == "self_attn.q_proj.weight":
+                array = llama_cpp_permute(array, c.num_attention_heads)
+            elif rest == "self_attn.k_proj.weight":
+                array = llama_cpp_permute(array, c.num_key_value_heads)
+            w.add_tensor(f"blk.{layer}.{_NAMES[rest]}", array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
