@@ -24,7 +24,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    sub.add_parser("policies", help="list the scheduling policies with the knobs each reads")
     return parser
+
+
+def run_policies() -> None:
+    from policies import POLICIES, Knobs
+    from policies.knobs import KNOB_SPECS
+
+    defaults = Knobs()
+    for name, cls in POLICIES.items():
+        print(f"{name}: {cls.help}")
+        for knob in cls.knobs:
+            spec = KNOB_SPECS[knob]
+            print(f"    {knob:<30} {spec.describe():<16} default {getattr(defaults, knob)!s:<8} {spec.help}")
 
 
 def run_generate(args: argparse.Namespace) -> None:
@@ -47,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             run_generate(args)
+        elif args.command == "policies":
+            run_policies()
         else:
             parser.print_help()
         return 0

@@ -20,6 +20,7 @@ class EngineConfig:
     max_model_len: int | None = None    # None: the model's own limit, capped at 8192
     policy: str = "sarathi"
     knobs: Knobs = field(default_factory=Knobs)
+    max_token_budget: int = 8192        # top of the budget range the knobs may take at run time
     attention_backend: str = "auto"
     seed: int = 0                       # sampling of requests without their own seed; dummy weights
 

@@ -37,6 +37,7 @@ class LLMEngine:
         self.tokenizer: Tokenizer = load_tokenizer(kind, location, mc.vocab_size, mc.eos_token_ids)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)))
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
+        self._check_knobs(config.knobs)
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs)
@@ -113,8 +114,14 @@ class LLMEngine:
     def set_knobs(self, **changes) -> Knobs:
         """Validated now, applied at the next step boundary; the current knobs stay on error."""
         knobs = self.scheduler.knobs.replace(**changes)
+        self._check_knobs(knobs)
         self.scheduler.set_knobs(knobs)
         return knobs
+
+    def _check_knobs(self, knobs: Knobs) -> None:
+        if knobs.token_budget > self.config.max_token_budget:
+            raise ValueError(f"knob token_budget={knobs.token_budget} is above this engine's max_token_budget "
+                             f"{self.config.max_token_budget}, the top of the range it was sized for")
 
     def set_policy(self, name: str) -> None:
         self.scheduler.set_policy(name)

@@ -69,6 +69,10 @@ class Request:
         return len(self.output_token_ids)
 
     @property
+    def max_tokens(self) -> int:
+        return self.params.max_tokens
+
+    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 

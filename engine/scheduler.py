@@ -48,6 +48,7 @@ class Scheduler:
         self._pending: tuple[Policy | None, Knobs | None] = (None, None)
         self._lock = threading.Lock()
         self.num_preemptions = 0
+        self.num_steps = 0
 
     # -- changes from other threads, applied at the next step boundary --
     def set_knobs(self, knobs: Knobs) -> None:
@@ -95,7 +96,8 @@ class Scheduler:
     def schedule(self) -> ScheduleResult:
         self._apply_pending()
         view = SchedulerView(self.running, self.waiting, self.blocks.num_free_blocks, self.blocks.num_blocks,
-                             self.blocks.block_size, time.monotonic())
+                             self.blocks.block_size, time.monotonic(), self.num_steps)
+        self.num_steps += 1
         plan = self.policy.plan(view, self.knobs)
         self._check(plan)
         by_id = {r.request_id: r for r in self.running}

@@ -1,4 +1,7 @@
-"""The scheduler's tunable knobs: one frozen, validated value with a version number."""
+"""The scheduler's tunable knobs: one frozen, validated value with a version number.
+
+Every policy reads the same Knobs; each policy names the subset it uses (`Policy.knobs`).
+"""
 
 from __future__ import annotations
 
@@ -8,15 +11,45 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class KnobRange:
-    low: float
-    high: float
-    help: str
+class KnobSpec:
+    kind: type                       # int, float or str
+    low: float = 0
+    high: float = 0
+    choices: tuple[str, ...] = ()
+    help: str = ""
+
+    def check(self, name: str, value: Any) -> None:
+        if self.kind is str:
+            if value not in self.choices:
+                raise ValueError(f"knob {name}={value!r} must be one of {', '.join(self.choices)} ({self.help})")
+            return
+        ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if self.kind is int:
+            ok_type = ok_type and float(value).is_integer()
+        if not ok_type or not self.low <= value <= self.high:
+            raise ValueError(f"knob {name}={value!r} must be a{'n integer' if self.kind is int else ' number'} "
+                             f"in [{self.low:g}, {self.high:g}] ({self.help})")
+
+    def describe(self) -> str:
+        return "|".join(self.choices) if self.kind is str else f"[{self.low:g}, {self.high:g}]"
 
 
-KNOB_RANGES: dict[str, KnobRange] = {
-    "token_budget": KnobRange(1, 65536, "most tokens (decode + prefill) computed in one step"),
-    "max_num_seqs": KnobRange(1, 4096, "most requests running (holding KV) at once"),
+KNOB_SPECS: dict[str, KnobSpec] = {
+    "token_budget": KnobSpec(int, 1, 65536, help="most tokens (decodes + prefill chunks) computed in one step"),
+    "max_num_seqs": KnobSpec(int, 1, 4096, help="most requests running (holding KV) at once"),
+    "prefill_priority": KnobSpec(float, 0, 1, help="share of the budget prefill chunks may take before waiting "
+                                 "decodes: 0 = decodes always first, 1 = prefills first"),
+    "max_partial_prefills": KnobSpec(int, 1, 1024, help="most requests part-way through their prefill at once"),
+    "long_prefill_token_threshold": KnobSpec(int, 0, 65536, help="largest prefill chunk one request gets per "
+                                             "step; 0 = no cap beyond the budget"),
+    "kv_admission_watermark": KnobSpec(float, 0, 0.5, help="fraction of KV blocks that must stay free after "
+                                       "admitting a request"),
+    "new_token_ratio": KnobSpec(float, 0, 1, help="fraction of running requests' remaining output tokens "
+                                "whose KV is reserved before admitting more (SGLang's new_token_ratio)"),
+    "kv_high_watermark": KnobSpec(float, 0.05, 1, help="KV usage at which prefill-priority turns to decodes first"),
+    "kv_low_watermark": KnobSpec(float, 0, 1, help="KV usage below which prefill-priority admits again"),
+    "queue_order": KnobSpec(str, choices=("fcfs", "spf"), help="waiting queue order: first come first served, "
+                            "or shortest prompt first"),
 }
 
 
@@ -24,17 +57,29 @@ KNOB_RANGES: dict[str, KnobRange] = {
 class Knobs:
     token_budget: int = 512
     max_num_seqs: int = 256
+    prefill_priority: float = 0.0
+    max_partial_prefills: int = 4
+    long_prefill_token_threshold: int = 0
+    kv_admission_watermark: float = 0.01
+    new_token_ratio: float = 0.0
+    kv_high_watermark: float = 0.9
+    kv_low_watermark: float = 0.7
+    queue_order: str = "fcfs"
     version: int = 0
 
     def __post_init__(self) -> None:
-        for name, r in KNOB_RANGES.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not r.low <= value <= r.high:
-                raise ValueError(f"knob {name}={value!r} is outside [{r.low:g}, {r.high:g}] ({r.help})")
+        for name, spec in KNOB_SPECS.items():
+            spec.check(name, getattr(self, name))
+        if self.kv_low_watermark > self.kv_high_watermark:
+            raise ValueError(f"kv_low_watermark {self.kv_low_watermark} is above kv_high_watermark "
+                             f"{self.kv_high_watermark}")
 
     def replace(self, **changes: Any) -> "Knobs":
         """A new validated Knobs with the next version number; unknown names are rejected."""
-        unknown = set(changes) - set(KNOB_RANGES)
+        unknown = set(changes) - set(KNOB_SPECS)
         if unknown:
-            raise ValueError(f"unknown knob(s): {', '.join(sorted(unknown))}; known: {', '.join(KNOB_RANGES)}")
+            raise ValueError(f"unknown knob(s): {', '.join(sorted(unknown))}; known: {', '.join(KNOB_SPECS)}")
         return dataclasses.replace(self, **changes, version=self.version + 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,11 +1,14 @@
-"""Policies by name."""
+"""Policies by name: each is a pure planner of (scheduler view, knobs) -> batch plan."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from policies.adaptive import AdaptivePolicy
+from policies.classic import ChunkedAlternatingPolicy, OrcaPolicy, PrefillFirstPolicy, RequestLevelPolicy
 from policies.knobs import Knobs
 from policies.plan import BatchPlan
+from policies.prefill_priority import PrefillPriorityPolicy
 from policies.sarathi import SarathiPolicy
 from policies.view import SchedulerView
 
@@ -13,11 +16,14 @@ from policies.view import SchedulerView
 class Policy(Protocol):
     name: str
     help: str
+    knobs: tuple[str, ...]      # the knobs this policy reads
 
     def plan(self, view: SchedulerView, knobs: Knobs) -> BatchPlan: ...
 
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (SarathiPolicy,)}
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
+    PrefillFirstPolicy, RequestLevelPolicy, OrcaPolicy, ChunkedAlternatingPolicy, SarathiPolicy,
+    PrefillPriorityPolicy, AdaptivePolicy)}
 
 
 def get_policy(name: str) -> Policy:

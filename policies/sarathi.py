@@ -6,20 +6,17 @@ from __future__ import annotations
 from policies.knobs import Knobs
 from policies.plan import BatchPlan
 from policies.step_builder import StepBuilder
-from policies.view import SchedulerView, is_decode, remaining_tokens
+from policies.view import SchedulerView
 
 
 class SarathiPolicy:
     name = "sarathi"
-    help = "stall-free: decodes first, then partial prefills, then new requests, under the token budget"
+    help = "stall-free: decodes first, then partial prefills, then new requests, chunked under the token budget"
+    knobs = ("token_budget", "max_num_seqs")
 
     def plan(self, view: SchedulerView, knobs: Knobs) -> BatchPlan:
         step = StepBuilder(view, knobs)
-        for seq in list(step.running):
-            if is_decode(seq) and step.is_running(seq):
-                step.schedule(seq, 1)
-        for seq in list(step.running):
-            if not is_decode(seq) and step.is_running(seq) and step.tokens_left > 0:
-                step.schedule(seq, remaining_tokens(seq))
+        step.schedule_all(step.decodes())
+        step.schedule_all(step.partial_prefills())
         step.admit_in_order(view.waiting)
         return step.plan

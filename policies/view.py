@@ -22,10 +22,19 @@ class SequenceState(Protocol):
     def num_computed_tokens(self) -> int: ...    # how many of them already are
     @property
     def num_blocks(self) -> int: ...
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...             # the request's output limit
 
 
 def remaining_tokens(seq: SequenceState) -> int:
     return seq.num_tokens - seq.num_computed_tokens
+
+
+def decode_tokens_left(seq: SequenceState) -> int:
+    """Output tokens this request may still produce (each needs a KV slot)."""
+    return max(0, seq.max_tokens - seq.num_output_tokens)
 
 
 def is_decode(seq: SequenceState) -> bool:
@@ -41,6 +50,7 @@ class SchedulerView:
     total_blocks: int
     block_size: int
     now: float = 0.0
+    step: int = 0                       # engine step counter, for policies that alternate
 
     def blocks_needed(self, seq: SequenceState, num_new_tokens: int) -> int:
         """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens."""

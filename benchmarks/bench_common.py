@@ -1,0 +1,137 @@
+"""Shared pieces of the benchmark scripts: the machine description and the prompt builder.
+
+The scripts import this module by name, which works because Python puts a script's own folder
+first on sys.path when it runs `python benchmarks/NAME.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+# Plain English prose (written for this repository) that prompts are cut from.
+PASSAGE = """\
+The harbour town woke slowly on winter mornings. Long before the sun cleared the hills, the bakers \
+had lit their ovens, and the smell of bread drifted down the narrow streets towards the water, where \
+the fishing boats rocked against the quay. The fishermen talked in low voices as they loaded their \
+nets, comparing the weather of the past week with what the old barometer outside the harbour office \
+promised for the next. Most of them had learned the trade from their fathers, and a few from their \
+mothers, who had kept the accounts, mended the sails and known the price of every fish on the coast.
+
+By eight o'clock the market square was full. Farmers from the valley brought potatoes, cabbages and \
+apples stored since the autumn; a woman from the next village sold honey in glass jars with hand-written \
+labels; and the schoolchildren, late as always, ran between the stalls with their satchels bouncing on \
+their backs. The church clock, which had not kept good time for as long as anyone could remember, struck \
+nine at a quarter past eight, and nobody paid it any attention.
+
+The town had not always been so quiet. A century earlier it had been a busy port, sending timber, wool \
+and salted fish to cities across the sea, and the grand houses along the upper road still showed the \
+wealth that trade had brought. When the railway arrived, however, the merchants moved their business to \
+the larger harbour in the south, where the new steamships could dock at any tide. The warehouses by the \
+river were left empty, their windows broken and their doors nailed shut, until a group of young artists \
+rented them for almost nothing and turned them into studios, workshops and a small theatre.
+
+Visitors came in the summer to walk along the cliffs, to watch the seabirds nesting on the rocks, and to \
+eat fried fish on the harbour wall while the gulls waited for their share. In the evenings they gathered \
+in the old inn, where the landlord told stories about smugglers, shipwrecks and a lighthouse keeper who \
+had once kept the lamp burning for three days through a storm with nothing but candles and a mirror. \
+Whether any of these stories were true did not seem to matter; people listened, laughed, and came back \
+the following year to hear them again.
+
+Scientists from the university also visited, though for different reasons. The bay was home to an \
+unusual mixture of warm and cold currents, and the water held species of plankton found nowhere else \
+along that coast. Every spring a small team set up their instruments on a borrowed boat, measuring \
+temperature, salinity and the slow movement of the tides, and every autumn they published a report that \
+almost nobody in the town read. Still, the fishermen were glad of the company, and more than once the \
+scientists' careful measurements had warned them of a storm that the old barometer had failed to predict.
+"""
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    nproc: int
+    cpu_model: str
+    torch_version: str
+    torch_threads: int
+    python: str
+    load_avg_1m: float      # other work on the machine distorts every number; check it is near 0
+
+    @staticmethod
+    def collect() -> "MachineInfo":
+        return MachineInfo(os.cpu_count() or 0, cpu_model(), torch.__version__, torch.get_num_threads(),
+                           platform.python_version(), os.getloadavg()[0])
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class OtherLoad:
+    """How much of the machine's CPU other processes used between start() and share().
+
+    Any other busy process ruins CPU timings (a descheduled OpenMP thread stalls every parallel
+    region), so each measurement reports this next to its numbers: it should be close to 0.
+    """
+
+    def __init__(self) -> None:
+        self._start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[int, int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        with open("/proc/self/stat") as f:
+            own = [int(x) for x in f.read().rsplit(")", 1)[1].split()[11:15]]  # utime stime cutime cstime
+        return sum(ticks), sum(ticks) - ticks[3] - ticks[4], sum(own)   # total, busy, ours
+
+    def share(self) -> float:
+        """Fraction of all cores' time used by other processes since construction."""
+        total, busy, own = (b - a for a, b in zip(self._start, self._sample()))
+        return max(0.0, (busy - own) / total) if total else 0.0
+
+
+def wait_until_idle(max_wait_s: float, threshold: float = 0.05, window_s: float = 2.0) -> float:
+    """Wait (at most max_wait_s) for a window in which other processes use < threshold of the CPU."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        probe = OtherLoad()
+        time.sleep(window_s)
+        share = probe.share()
+        if share < threshold or time.monotonic() >= deadline:
+            return share
+        print(f"waiting for an idle machine: other processes use {100 * share:.0f}% of the CPU", flush=True)
+
+
+def cpu_model() -> str:
+    """The 'Model name' line of lscpu (falls back to platform.processor())."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown"
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def build_prompts(encode, count: int, length: int, jitter: int, seed: int = 0) -> list[list[int]]:
+    """`count` token-id prompts of `length` +- `jitter` tokens, each a different window of PASSAGE.
+
+    The passage is repeated until it is long enough for the longest window; each window starts at a
+    random offset, so prompts differ but are all real English text.
+    """
+    rng = random.Random(seed)
+    lengths = [max(1, length + rng.randint(-jitter, jitter)) for _ in range(count)]
+    stream = encode(PASSAGE)
+    while len(stream) < 2 * max(lengths):
+        stream += encode("\n\n" + PASSAGE)
+    prompts = []
+    for n in lengths:
+        start = rng.randint(0, len(stream) - n)
+        prompts.append(stream[start:start + n])
+    return prompts
