@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from engine.errors import EngineError
@@ -25,7 +26,25 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     sub.add_parser("policies", help="list the scheduling policies with the knobs each reads")
+    srv = sub.add_parser("serve", help="run the OpenAI-compatible daemon (the default command)")
+    add_serve_arguments(srv)
+    add_serve_arguments(parser)   # `autotuned-serve` alone serves with these
     return parser
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="a .gguf file, an HF model directory or a preset "
+                   "(default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --api-key)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--policy", default="sarathi", help="scheduling policy (see `autotuned-serve policies`)")
+    p.add_argument("--token-budget", type=int, default=None, help="initial token budget per step")
+    p.add_argument("--kv-cache-memory-mb", type=float, default=512.0, help="KV cache size in MiB (default 512)")
+    p.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond this get 429")
+    p.add_argument("--api-key", default=os.environ.get("AUTOTUNED_SERVE_API_KEY"),
+                   help="key for /admin (default from AUTOTUNED_SERVE_API_KEY)")
+    p.add_argument("--grace-s", type=float, default=30.0, help="on SIGTERM, how long in-flight requests may finish")
 
 
 def run_policies() -> None:
@@ -38,6 +57,33 @@ def run_policies() -> None:
         for knob in cls.knobs:
             spec = KNOB_SPECS[knob]
             print(f"    {knob:<30} {spec.describe():<16} default {getattr(defaults, knob)!s:<8} {spec.help}")
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    import logging
+
+    from engine import EngineConfig, LLMEngine
+    from engine.api_server import ApiConfig
+    from engine.http_server import serve
+    from policies import Knobs, get_policy
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    get_policy(args.policy)  # fail fast on a bad name, before the model loads
+    knobs = Knobs(token_budget=args.token_budget) if args.token_budget else Knobs()
+    config = EngineConfig(model=args.model, dtype=args.dtype, policy=args.policy, knobs=knobs,
+                          kv_cache_memory_mb=args.kv_cache_memory_mb)
+    config.torch_dtype()
+    api = ApiConfig(served_model_name=served_model_name(args.model), max_waiting=args.max_waiting,
+                    api_key=args.api_key)
+    serve(lambda: LLMEngine(config), api, args.host, args.port, args.grace_s)
+
+
+def served_model_name(model: str | None) -> str:
+    from engine.checkpoint import BUNDLED_GGUF, DEFAULT_MODEL
+
+    if model in (None, "", DEFAULT_MODEL, "default"):
+        return BUNDLED_GGUF.split(".")[0]
+    return os.path.basename(os.path.normpath(model)).removesuffix(".gguf")
 
 
 def run_generate(args: argparse.Namespace) -> None:
@@ -63,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "policies":
             run_policies()
         else:
-            parser.print_help()
+            run_serve(args)
         return 0
     except (EngineError, ValueError) as e:
         print(f"autotuned-serve: error: {e}", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 import logging
 import time
 from collections.abc import Callable
@@ -49,6 +50,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._step = 0
         self.step_listeners: list[Callable[[StepRecord], None]] = []
+        self.finished_by_reason: Counter[str] = Counter()
         log.info("engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d", mc.name, dtype,
                  num_blocks, config.block_size, self.max_model_len)
 
@@ -59,15 +61,23 @@ class LLMEngine:
     # -- requests --
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
+        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time))
+
+    def make_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                     request_id: str | None = None, arrival_time: float | None = None) -> Request:
+        """Tokenize and validate; touches no engine state, so any thread may call it."""
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
         self._check_fits(ids, params)
-        request_id = request_id or f"req-{next(self._ids)}"
+        return Request(request_id or f"req-{next(self._ids)}", ids, params, arrival_time or time.monotonic())
+
+    def enqueue(self, request: Request) -> str:
+        """Queue a request made by make_request (on the thread that steps the engine)."""
+        request_id = request.request_id
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-        request = Request(request_id, ids, params, arrival_time or time.monotonic())
         self.requests[request_id] = request
-        self._detokenizers[request_id] = Detokenizer(self.tokenizer, params.stop)
+        self._detokenizers[request_id] = Detokenizer(self.tokenizer, request.params.stop)
         self.scheduler.add(request)
         return request_id
 
@@ -135,13 +145,28 @@ class LLMEngine:
         if not result.scheduled:
             return []
         sampling = [s.request for s in result.scheduled if s.samples]
-        out = self.runner.execute(result.scheduled, [self._banned(r) for r in sampling], return_logits)
+        try:
+            out = self.runner.execute(result.scheduled, [self._banned(r) for r in sampling], return_logits)
+        except Exception:  # the step's requests fail; the engine and every other request go on
+            log.exception("step %d failed; failing its %d requests", self._step, len(result.scheduled))
+            return [self._fail(s.request) for s in result.scheduled]
         self.scheduler.commit(result)
         self.last_logits = out.logits
         now = time.monotonic()
-        outputs = [self._append(r, out.tokens[r.request_id], now) for r in sampling]
+        outputs = [self._append_or_fail(r, out.tokens[r.request_id], now) for r in sampling]
         self._emit_record(result, start, now - start, schedule_s, out.timing)
         return outputs
+
+    def _append_or_fail(self, request: Request, token: int, now: float) -> RequestOutput:
+        try:
+            return self._append(request, token, now)
+        except Exception:
+            log.exception("request %s failed while processing its output", request.request_id)
+            return self._fail(request)
+
+    def _fail(self, request: Request) -> RequestOutput:
+        self._finish(request, FinishReason.ERROR)
+        return self._output(request, [])
 
     def _banned(self, request: Request) -> tuple[int, ...]:
         p = request.params
@@ -174,6 +199,7 @@ class LLMEngine:
         return None
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
+        self.finished_by_reason[reason.value] += 1
         self.scheduler.finish(request, reason)
         self.runner.sampler.forget(request.request_id)
 

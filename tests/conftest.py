@@ -42,6 +42,7 @@ def save_word_tokenizer(path, vocab_size: int) -> None:
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##")
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     tok.save_pretrained(path)
 
 

@@ -1,0 +1,302 @@
+"""The OpenAI-compatible HTTP API: handlers validate, enqueue on the engine loop, and stream.
+
+The engine loads on a background thread after the server starts, so /health can say 503 until
+the model is loaded and warm. Every error body has OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.engine_loop import EngineLoop, QueueFullError
+from engine.errors import InvalidRequestError
+from engine.llm_engine import LLMEngine
+from engine.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
+from engine.outputs import RequestOutput
+from engine.request import Request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ApiConfig:
+    served_model_name: str
+    max_waiting: int = 256                  # requests queued beyond this get 429
+    max_body_bytes: int = 1 << 20
+    default_max_tokens: int = 256
+    retry_after_s: int = 1
+    api_key: str | None = None              # required on /admin whenever set
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.type, self.param, self.code, self.headers = status, type_, param, code, headers
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(str(self), self.type, self.param, self.code), self.status, self.headers)
+
+
+class ServerState:
+    """What the handlers share: the engine loop once it is ready."""
+
+    def __init__(self, config: ApiConfig, load_engine: Callable[[], LLMEngine]) -> None:
+        self.config = config
+        self._load_engine = load_engine
+        self.loop: EngineLoop | None = None
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.draining = False
+
+    def start_loading(self) -> threading.Thread:
+        thread = threading.Thread(target=self._load, name="engine-load", daemon=True)
+        thread.start()
+        return thread
+
+    def _load(self) -> None:
+        try:
+            engine = self._load_engine()
+            loop = EngineLoop(engine, self.config.max_waiting)
+            loop.start()
+            self.loop = loop
+            self.ready.set()
+        except Exception as e:
+            log.exception("the engine failed to load")
+            self.load_error = f"{type(e).__name__}: {e}"
+
+    def require_loop(self) -> EngineLoop:
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", "service_unavailable", code="shutting_down")
+        if self.loop is None:
+            message = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
+            raise ApiError(503, message, "service_unavailable", code="not_ready", headers={"Retry-After": "5"})
+        return self.loop
+
+
+def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState], None] | None = None) -> FastAPI:
+    app = FastAPI(title="autotuned-serve", version="0.1.0")
+    app.add_middleware(BodySizeLimit, max_bytes=state.config.max_body_bytes)
+    _install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.ready.is_set() and not state.draining:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "draining" if state.draining else "loading", "error": state.load_error}, 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": state.config.served_model_name, "object": "model",
+                                            "created": 0, "owned_by": "autotuned-serve"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: HttpRequest):
+        loop = state.require_loop()
+        request = _make_request(state, loop, body, body.prompt_input())
+        return await _respond(http, loop, request, body, state.config.served_model_name, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, http: HttpRequest):
+        loop = state.require_loop()
+        try:
+            prompt = loop.engine.tokenizer.apply_chat_template([m.as_template_input() for m in body.messages])
+        except Exception as e:
+            raise ApiError(400, f"cannot apply the chat template: {e}", param="messages") from e
+        request = _make_request(state, loop, body, prompt)
+        return await _respond(http, loop, request, body, state.config.served_model_name, chat=True)
+
+    if extra_routes:
+        extra_routes(app, state)
+    return app
+
+
+def _make_request(state: ServerState, loop: EngineLoop, body: SamplingFields, prompt: str | list[int]) -> Request:
+    name = state.config.served_model_name
+    if body.model is not None and body.model != name:
+        raise ApiError(400, f"model {body.model!r} is not served here; this server serves {name!r}", param="model",
+                       code="model_not_found")
+    try:
+        params = body.sampling_params(state.config.default_max_tokens)
+        max_len = loop.engine.max_model_len
+        if body.max_tokens is None:   # like OpenAI: the default shrinks to what the context allows
+            prompt_len = len(prompt) if isinstance(prompt, list) else len(loop.engine.tokenizer.encode(prompt))
+            if 0 < prompt_len < max_len and params.max_tokens > max_len - prompt_len:
+                params = body.model_copy(update={"max_tokens": max_len - prompt_len}).sampling_params(0)
+        return loop.engine.make_request(prompt, params, f"cmpl-{uuid.uuid4().hex}")
+    except InvalidRequestError as e:
+        raise ApiError(400, str(e), param=e.param) from e
+
+
+async def _outputs(http: HttpRequest, loop: EngineLoop, request: Request) -> AsyncIterator[RequestOutput]:
+    """The request's outputs as they come; aborts it if the client goes away first."""
+    aloop = asyncio.get_running_loop()
+    queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+    try:
+        loop.submit(request, lambda out: aloop.call_soon_threadsafe(queue.put_nowait, out))
+    except QueueFullError as e:
+        raise ApiError(429, str(e), "rate_limit_error", code="queue_full",
+                       headers={"Retry-After": str(1)}) from e
+    finished = False
+    try:
+        while not finished:
+            try:
+                out = await asyncio.wait_for(queue.get(), timeout=1.0)
+            except TimeoutError:
+                if await http.is_disconnected():
+                    return
+                continue
+            finished = out.finished
+            yield out
+    finally:
+        if not finished:
+            loop.abort(request.request_id)
+
+
+async def _respond(http: HttpRequest, loop: EngineLoop, request: Request, body: SamplingFields, model: str,
+                   chat: bool):
+    outputs = _outputs(http, loop, request)
+    first = await anext(outputs)          # raises 429 here, before any byte is sent
+    if body.stream:
+        return StreamingResponse(_sse(first, outputs, request, body, model, chat), media_type="text/event-stream")
+    last = first
+    async for out in outputs:
+        last = out
+    if last.finish_reason == "error":
+        raise ApiError(500, "generation failed for this request", "server_error", code="internal_error")
+    usage = _usage_of(last)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": last.text}
+    else:
+        choice["text"] = last.text
+    return {"id": request.request_id, "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice], "usage": usage}
+
+
+async def _sse(first: RequestOutput, rest: AsyncIterator[RequestOutput], request: Request, body: SamplingFields,
+               model: str, chat: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+        data: dict[str, Any] = {"id": request.request_id, "object": kind, "created": created, "model": model,
+                                "choices": choices}
+        if body.include_usage:
+            data["usage"] = usage
+        return f"data: {json.dumps(data)}\n\n"
+
+    try:
+        async for line in _sse_lines(first, rest, chunk, chat, body.include_usage):
+            yield line
+    finally:  # a client that went away closes us; close the output stream so it aborts the request
+        await rest.aclose()
+    yield "data: [DONE]\n\n"
+
+
+async def _sse_lines(first: RequestOutput, rest: AsyncIterator[RequestOutput], chunk: Callable[..., str],
+                     chat: bool, include_usage: bool) -> AsyncIterator[str]:
+    if chat:
+        yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    last = first
+    out: RequestOutput | None = first
+    while out is not None:
+        last = out
+        if out.finish_reason == "error":
+            yield f"data: {json.dumps(error_body('generation failed for this request', 'server_error'))}\n\n"
+            break
+        if out.text_delta or out.finished:
+            payload = {"delta": {"content": out.text_delta} if out.text_delta else {}} if chat \
+                else {"text": out.text_delta}
+            yield chunk([{"index": 0, **payload, "logprobs": None, "finish_reason": out.finish_reason}])
+        out = await anext(rest, None)
+    if include_usage:
+        yield chunk([], _usage_of(last))
+
+
+def _usage_of(out: RequestOutput) -> dict[str, int]:
+    completion = len(out.token_ids)
+    return {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": completion,
+            "total_tokens": out.num_prompt_tokens + completion}
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: HttpRequest, e: ApiError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: HttpRequest, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            message = "the request body is not valid JSON"
+        return JSONResponse(error_body(f"{message}" + (f" (at {where})" if where else ""), param=where), 400)
+
+    @app.exception_handler(ValidationError)
+    async def model_error(_: HttpRequest, e: ValidationError) -> JSONResponse:
+        return JSONResponse(error_body(str(e.errors()[0].get("msg"))), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: HttpRequest, e: StarletteHTTPException) -> JSONResponse:
+        type_ = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), type_), e.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: HttpRequest, e: Exception) -> JSONResponse:
+        log.exception("unhandled error in a request handler")
+        return JSONResponse(error_body("internal server error", "server_error"), 500)
+
+
+class BodySizeLimit:
+    """413 for bodies over the limit, counted as they arrive (Content-Length may be absent)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._reject(send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send) -> None:
+        body = json.dumps(error_body(f"request body larger than {self.max_bytes} bytes",
+                                     code="request_too_large")).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass

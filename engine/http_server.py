@@ -1,0 +1,65 @@
+"""Running the API under uvicorn: load in the background, drain on SIGTERM/SIGINT, exit 0."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import time
+from collections.abc import Callable
+
+import uvicorn
+from fastapi import FastAPI
+
+from engine.api_server import ApiConfig, ServerState, build_app
+from engine.llm_engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def make_app(state: ServerState, grace_s: float,
+             extra_routes: Callable[[FastAPI, ServerState], None] | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        state.start_loading()
+        yield
+        _drain(state, grace_s)
+
+    app = build_app(state, extra_routes)
+    app.router.lifespan_context = lifespan
+    return app
+
+
+def _drain(state: ServerState, grace_s: float) -> None:
+    """uvicorn has already stopped accepting and waited for open responses; abort what is left."""
+    state.draining = True
+    loop = state.loop
+    if loop is None:
+        return
+    deadline = time.monotonic() + grace_s
+    while loop.num_unfinished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if loop.num_unfinished:
+        log.warning("aborting %d requests still running after the %.0f s grace period", loop.num_unfinished, grace_s)
+        loop.abort_all()
+    loop.stop()
+    log.info("engine stopped")
+
+
+def serve(load_engine: Callable[[], LLMEngine], api: ApiConfig, host: str, port: int, grace_s: float = 30.0,
+          extra_routes: Callable[[FastAPI, ServerState], None] | None = None) -> None:
+    if not is_loopback(host) and not api.api_key:
+        raise ValueError(f"binding {host} (not loopback) needs an API key for /admin: set api_key in the config "
+                         "or AUTOTUNED_SERVE_API_KEY")
+    state = ServerState(api, load_engine)
+    app = make_app(state, grace_s, extra_routes)
+    uvicorn.run(app, host=host, port=port, timeout_graceful_shutdown=int(grace_s), log_level="info")

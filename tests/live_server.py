@@ -1,0 +1,51 @@
+"""A real uvicorn server on a free loopback port, in a thread, for API tests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import uvicorn
+
+from engine.api_server import ApiConfig, ServerState
+from engine.http_server import make_app
+from engine.llm_engine import LLMEngine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, load_engine: Callable[[], LLMEngine], api: ApiConfig) -> None:
+        self.state = ServerState(api, load_engine)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(make_app(self.state, grace_s=5), host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not become healthy")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    @property
+    def engine(self) -> LLMEngine:
+        return self.state.loop.engine
