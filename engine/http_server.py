@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import signal
 import time
 from collections.abc import Callable
 
@@ -62,4 +63,25 @@ def serve(load_engine: Callable[[], LLMEngine], api: ApiConfig, host: str, port:
                          "or AUTOTUNED_SERVE_API_KEY")
     state = ServerState(api, load_engine)
     app = make_app(state, grace_s, extra_routes)
-    uvicorn.run(app, host=host, port=port, timeout_graceful_shutdown=int(grace_s), log_level="info")
+    config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=int(grace_s), log_level="info")
+    DrainingServer(config).run()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown, so the process dies by the signal;
+    a daemon that drained cleanly should exit 0 instead. A second signal forces the exit."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        def handle(sig: int, frame) -> None:
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+            log.info("received %s: draining", signal.Signals(sig).name)
+
+        previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

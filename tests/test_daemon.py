@@ -1,0 +1,51 @@
+"""The daemon as ops run it: a subprocess that drains on SIGTERM and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+from tests.live_server import free_port
+
+
+def test_sigterm_lets_in_flight_requests_finish_and_exits_zero(tiny_hf):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "serve", "--model", tiny_hf[0], "--dtype", "fp32",
+                             "--port", str(port), "--grace-s", "20"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        chunks: list[dict] = []
+
+        def stream() -> None:
+            body = {"prompt": "w5 w6", "max_tokens": 300, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        chunks.append(json.loads(line[6:]))
+
+        client = threading.Thread(target=stream)
+        client.start()
+        while not chunks:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        client.join(60)
+        assert proc.wait(60) == 0
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
