@@ -33,18 +33,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags override the config file; unset flags leave its values (or the defaults) alone."""
+    p.add_argument("--config", default=None, help="YAML settings file (see configs/default.yaml)")
     p.add_argument("--model", default=None, help="a .gguf file, an HF model directory or a preset "
                    "(default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --api-key)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
-    p.add_argument("--policy", default="sarathi", help="scheduling policy (see `autotuned-serve policies`)")
-    p.add_argument("--token-budget", type=int, default=None, help="initial token budget per step")
-    p.add_argument("--kv-cache-memory-mb", type=float, default=512.0, help="KV cache size in MiB (default 512)")
-    p.add_argument("--max-waiting", type=int, default=256, help="queued requests beyond this get 429")
-    p.add_argument("--api-key", default=os.environ.get("AUTOTUNED_SERVE_API_KEY"),
-                   help="key for /admin (default from AUTOTUNED_SERVE_API_KEY)")
-    p.add_argument("--grace-s", type=float, default=30.0, help="on SIGTERM, how long in-flight requests may finish")
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; any other needs an API key)")
+    p.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp32"], help="default auto")
+    p.add_argument("--policy", default=None, help="scheduling policy (default sarathi; see `autotuned-serve policies`)")
+    p.add_argument("--token-budget", type=int, default=None, help="initial token budget per step (default 512)")
+    p.add_argument("--kv-cache-memory-mb", type=float, default=None, help="KV cache size in MiB (default 512)")
+    p.add_argument("--max-waiting", type=int, default=None, help="queued requests beyond this get 429 (default 256)")
+    p.add_argument("--api-key", default=None, help="key for /admin (default: AUTOTUNED_SERVE_API_KEY)")
+    p.add_argument("--grace-s", type=float, default=None, help="on SIGTERM, how long in-flight requests may finish")
+    p.add_argument("--state-dir", default=None, help="where tuner state lives (default ./state)")
+    p.add_argument("--no-tune", dest="tune", action="store_const", const=False, default=None,
+                   help="serve with fixed knobs, no online tuning")
 
 
 def run_policies() -> None:
@@ -62,20 +66,19 @@ def run_policies() -> None:
 def run_serve(args: argparse.Namespace) -> None:
     import logging
 
-    from engine import EngineConfig, LLMEngine
-    from engine.api_server import ApiConfig
-    from engine.http_server import serve
-    from policies import Knobs, get_policy
+    from autotuner.daemon import DaemonConfig, run_daemon
+    from autotuner.settings import load_settings
 
+    overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "policy", "kv_cache_memory_mb",
+                                               "max_waiting", "api_key", "grace_s", "state_dir", "tune")}
+    settings = load_settings(args.config, overrides)
+    if args.token_budget:
+        settings.knobs = {**settings.knobs, "token_budget": args.token_budget}
+        settings.validate()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    get_policy(args.policy)  # fail fast on a bad name, before the model loads
-    knobs = Knobs(token_budget=args.token_budget) if args.token_budget else Knobs()
-    config = EngineConfig(model=args.model, dtype=args.dtype, policy=args.policy, knobs=knobs,
-                          kv_cache_memory_mb=args.kv_cache_memory_mb)
-    config.torch_dtype()
-    api = ApiConfig(served_model_name=served_model_name(args.model), max_waiting=args.max_waiting,
-                    api_key=args.api_key)
-    serve(lambda: LLMEngine(config), api, args.host, args.port, args.grace_s)
+    run_daemon(DaemonConfig(settings.engine_config(), settings.api_config(served_model_name(settings.model)),
+                            settings.host, settings.port, settings.grace_s, settings.slo_values(),
+                            settings.peak_flops, settings.peak_bandwidth))
 
 
 def served_model_name(model: str | None) -> str:

@@ -15,8 +15,8 @@ from engine.checkpoint import load_checkpoint, resolve_model
 from engine.detokenizer import Detokenizer
 from engine.engine_config import EngineConfig
 from engine.errors import InvalidRequestError
-from engine.model_runner import ModelRunner
-from engine.outputs import RequestOutput, StepRecord
+from engine.model_runner import ModelRunner, StepTiming
+from engine.outputs import RequestOutput, RequestRecord, StepRecord
 from engine.request import FinishReason, Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduleResult, Scheduler
@@ -50,6 +50,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self._step = 0
         self.step_listeners: list[Callable[[StepRecord], None]] = []
+        self.arrival_listeners: list[Callable[[Request], None]] = []
+        self.finish_listeners: list[Callable[[RequestRecord], None]] = []
         self.finished_by_reason: Counter[str] = Counter()
         log.info("engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d", mc.name, dtype,
                  num_blocks, config.block_size, self.max_model_len)
@@ -79,6 +81,8 @@ class LLMEngine:
         self.requests[request_id] = request
         self._detokenizers[request_id] = Detokenizer(self.tokenizer, request.params.stop)
         self.scheduler.add(request)
+        for listener in self.arrival_listeners:
+            listener(request)
         return request_id
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
@@ -154,7 +158,7 @@ class LLMEngine:
         self.last_logits = out.logits
         now = time.monotonic()
         outputs = [self._append_or_fail(r, out.tokens[r.request_id], now) for r in sampling]
-        self._emit_record(result, start, now - start, schedule_s, out.timing)
+        self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing)
         return outputs
 
     def _append_or_fail(self, request: Request, token: int, now: float) -> RequestOutput:
@@ -202,6 +206,13 @@ class LLMEngine:
         self.finished_by_reason[reason.value] += 1
         self.scheduler.finish(request, reason)
         self.runner.sampler.forget(request.request_id)
+        if self.finish_listeners:
+            t = request.timings
+            record = RequestRecord(request.request_id, t.arrival, t.first_token, t.finished, tuple(t.token_times),
+                                   request.num_prompt_tokens, request.num_output_tokens, request.params.max_tokens,
+                                   reason.value, request.num_preemptions)
+            for listener in self.finish_listeners:
+                listener(record)
 
     def _output(self, request: Request, new_tokens: list[int]) -> RequestOutput:
         detok = self._detokenizers[request.request_id]
@@ -214,7 +225,8 @@ class LLMEngine:
                              request.num_prompt_tokens, finished,
                              request.finish_reason.value if request.finish_reason else None)
 
-    def _emit_record(self, result: ScheduleResult, start: float, duration: float, schedule_s: float, timing) -> None:
+    def _emit_record(self, result: ScheduleResult, num_sampled: int, start: float, duration: float,
+                     schedule_s: float, timing: StepTiming) -> None:
         decodes = sum(1 for s in result.scheduled if s.num_tokens == 1 and s.context_len >= s.request.num_prompt_tokens)
         tokens = sum(s.num_tokens for s in result.scheduled)
         record = StepRecord(
@@ -223,6 +235,9 @@ class LLMEngine:
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_preempted=result.num_preempted, kv_usage=self.block_manager.usage,
             context_tokens=sum(s.context_len + s.num_tokens for s in result.scheduled),
+            attended_pairs=sum(s.num_tokens * s.context_len + s.num_tokens * (s.num_tokens + 1) // 2
+                               for s in result.scheduled),
+            num_sampled=num_sampled,
             prepare_s=timing.prepare_s, forward_s=timing.forward_s, sample_s=timing.sample_s,
             schedule_s=schedule_s, policy=result.policy, knobs_version=result.knobs.version)
         self._step += 1

@@ -32,9 +32,48 @@ class StepRecord:
     num_preempted: int
     kv_usage: float
     context_tokens: int           # tokens attended to (KV read) summed over sequences
+    attended_pairs: int           # (query, key) pairs attention computed, summed over sequences
+    num_sampled: int              # sequences that produced a token (rows through the LM head)
     prepare_s: float
     forward_s: float
     sample_s: float
     schedule_s: float
     policy: str
     knobs_version: int
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """A finished request's timings and sizes: the only per-request facts telemetry needs."""
+
+    request_id: str
+    arrival: float                # time.monotonic() clock, like StepRecord.start
+    first_token: float | None
+    finished: float
+    token_times: tuple[float, ...]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    max_tokens: int
+    finish_reason: str
+    num_preemptions: int
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finished - self.arrival
+
+    @property
+    def tbt_s(self) -> list[float]:
+        """Gaps between consecutive tokens (TBT / ITL)."""
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean decode time per output token after the first."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)

@@ -22,11 +22,12 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, load_engine: Callable[[], LLMEngine], api: ApiConfig) -> None:
+    def __init__(self, load_engine: Callable[[], LLMEngine], api: ApiConfig, extra_routes=None) -> None:
         self.state = ServerState(api, load_engine)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(make_app(self.state, grace_s=5), host="127.0.0.1", port=self.port, log_level="warning")
+        app = make_app(self.state, grace_s=5, extra_routes=extra_routes)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -1,0 +1,123 @@
+"""Daemon settings: YAML file (configs/*.yaml) overridden by command-line flags.
+
+A bad file gives one line naming the field; every field has a default, so no file is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from engine.api_server import ApiConfig
+from engine.engine_config import EngineConfig
+from policies import Knobs, get_policy
+from telemetry.window import SLO
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass
+class Settings:
+    model: str | None = None            # None: the bundled SmolLM2-135M-Instruct
+    dtype: str = "auto"
+    device: str = "cpu"
+    kv_cache_memory_mb: float = 512.0
+    num_kv_blocks: int | None = None
+    block_size: int = 16
+    max_model_len: int | None = None
+    max_token_budget: int = 8192
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_waiting: int = 256
+    max_body_bytes: int = 1 << 20
+    default_max_tokens: int = 256
+    grace_s: float = 30.0
+    policy: str = "sarathi"
+    knobs: dict[str, Any] = field(default_factory=dict)
+    slo: dict[str, float] = field(default_factory=dict)
+    tune: bool = True
+    state_dir: str = "state"
+    peak_flops: float | None = None
+    peak_bandwidth: float | None = None
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, block_size=self.block_size,
+                            kv_cache_memory_mb=self.kv_cache_memory_mb, num_kv_blocks=self.num_kv_blocks,
+                            max_model_len=self.max_model_len, policy=self.policy, knobs=self.knob_values(),
+                            max_token_budget=self.max_token_budget)
+
+    def knob_values(self) -> Knobs:
+        try:
+            return Knobs(**self.knobs)
+        except (TypeError, ValueError) as e:
+            raise SettingsError(f"knobs: {e}") from e
+
+    def slo_values(self) -> SLO:
+        try:
+            return SLO(**self.slo)
+        except TypeError as e:
+            raise SettingsError(f"slo: {e}") from e
+
+    def api_config(self, served_model_name: str) -> ApiConfig:
+        return ApiConfig(served_model_name=served_model_name, max_waiting=self.max_waiting,
+                         max_body_bytes=self.max_body_bytes, default_max_tokens=self.default_max_tokens,
+                         api_key=self.api_key or os.environ.get("AUTOTUNED_SERVE_API_KEY"))
+
+    def validate(self) -> "Settings":
+        try:
+            get_policy(self.policy)
+            self.engine_config().torch_dtype()
+        except ValueError as e:
+            raise SettingsError(str(e)) from e
+        self.knob_values()
+        self.slo_values()
+        for name in ("port", "max_waiting", "block_size", "max_token_budget"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be positive")
+        return self
+
+
+_TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
+
+
+def load_settings(path: str | None, overrides: dict[str, Any]) -> Settings:
+    values: dict[str, Any] = {}
+    if path:
+        values = _read_yaml(path)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**values).validate()
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise SettingsError(f"cannot read config {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise SettingsError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from e
+    if not isinstance(data, dict):
+        raise SettingsError(f"config {path}: expected a mapping of field: value")
+    for key, value in data.items():
+        if key not in _TYPES:
+            raise SettingsError(f"config {path}: unknown field {key!r}")
+        if not _type_ok(_TYPES[key], value):
+            raise SettingsError(f"config {path}: field {key!r} must be {_TYPES[key]}, got {value!r}")
+    return data
+
+
+def _type_ok(annotation: str, value: Any) -> bool:
+    if value is None:
+        return "None" in annotation
+    checks = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict}
+    bases = [part.strip().split("[")[0] for part in annotation.split("|")]
+    if isinstance(value, bool) and "bool" not in bases:
+        return False
+    return any(isinstance(value, checks[b]) for b in bases if b in checks)

@@ -1,0 +1,164 @@
+"""Sliding telemetry windows: the one summary the controller reads.
+
+Fed only StepRecords, RequestRecords and arrivals, so the real engine and a simulator produce
+the same WindowSummary. Times are on the time.monotonic() clock of the records.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.outputs import RequestRecord, StepRecord
+from telemetry.hardware import DevicePeaks
+from telemetry.model_cost import ModelCost
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float = 2.0
+    tbt_s: float = 0.25
+    tbt_percentile: float = 99.0   # of each request's own gaps
+
+    def met_by(self, r: RequestRecord) -> bool:
+        if r.finish_reason not in ("stop", "length") or r.ttft_s is None or r.ttft_s > self.ttft_s:
+            return False
+        gaps = r.tbt_s
+        return not gaps or float(np.percentile(gaps, self.tbt_percentile)) <= self.tbt_s
+
+
+@dataclass(frozen=True)
+class Arrival:
+    time: float
+    num_prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class WindowSummary:
+    start: float
+    seconds: float
+    num_arrivals: int
+    arrival_rate_rps: float
+    num_finished: int
+    finished_by_reason: dict[str, int]
+    input_output_ratio: float | None       # prompt tokens per output token of the window's requests
+    prompt_tokens_per_s: float
+    output_tokens_per_s: float
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tbt_p50_s: float | None
+    tbt_p99_s: float | None
+    tpot_p50_s: float | None
+    e2e_p50_s: float | None
+    e2e_p99_s: float | None
+    slo_attainment: float | None
+    goodput_rps: float
+    num_steps: int
+    busy_fraction: float                   # share of the window the engine spent in steps
+    step_time_mean_s: float | None
+    kv_usage_mean: float
+    kv_usage_max: float
+    num_running_mean: float
+    num_waiting_mean: float
+    num_preemptions: int
+    mfu: float | None
+    mbu: float | None
+    hardware: dict[str, float] = field(default_factory=dict)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+class TelemetryWindow:
+    """Keeps the last `horizon_s` of records; `window(seconds)` summarises the most recent part."""
+
+    def __init__(self, slo: SLO | None = None, cost: ModelCost | None = None, peaks: DevicePeaks | None = None,
+                 horizon_s: float = 600.0, clock=time.monotonic) -> None:
+        self.slo = slo or SLO()
+        self.cost, self.peaks = cost, peaks
+        self.horizon_s = horizon_s
+        self.clock = clock
+        self._steps: deque[StepRecord] = deque()
+        self._finished: deque[RequestRecord] = deque()
+        self._arrivals: deque[Arrival] = deque()
+        self._lock = threading.Lock()
+        self.hardware: dict[str, float] = {}     # latest device sample (NVML or CPU), set by samplers
+
+    def on_step(self, r: StepRecord) -> None:
+        with self._lock:
+            self._steps.append(r)
+            self._trim(r.start)
+
+    def on_finish(self, r: RequestRecord) -> None:
+        with self._lock:
+            self._finished.append(r)
+
+    def on_arrival(self, a: Arrival) -> None:
+        with self._lock:
+            self._arrivals.append(a)
+
+    def _trim(self, now: float) -> None:
+        horizon = now - self.horizon_s
+        for q, when in ((self._steps, lambda s: s.start), (self._finished, lambda r: r.finished),
+                        (self._arrivals, lambda a: a.time)):
+            while q and when(q[0]) < horizon:
+                q.popleft()
+
+    def window(self, seconds: float, now: float | None = None) -> WindowSummary:
+        now = self.clock() if now is None else now
+        start = now - seconds
+        with self._lock:
+            steps = [s for s in self._steps if s.start >= start]
+            finished = [r for r in self._finished if r.finished >= start]
+            arrivals = [a for a in self._arrivals if a.time >= start]
+        return self._summarise(start, seconds, steps, finished, arrivals)
+
+    def _summarise(self, start: float, seconds: float, steps: list[StepRecord], finished: list[RequestRecord],
+                   arrivals: list[Arrival]) -> WindowSummary:
+        ttft = [r.ttft_s for r in finished if r.ttft_s is not None]
+        tbt = [g for r in finished for g in r.tbt_s]
+        tpot = [r.tpot_s for r in finished if r.tpot_s is not None]
+        e2e = [r.e2e_s for r in finished]
+        met = sum(self.slo.met_by(r) for r in finished)
+        busy = sum(s.duration_s for s in steps)
+        return WindowSummary(
+            start=start, seconds=seconds, num_arrivals=len(arrivals), arrival_rate_rps=len(arrivals) / seconds,
+            num_finished=len(finished), finished_by_reason=dict(Counter(r.finish_reason for r in finished)),
+            input_output_ratio=_token_ratio(finished, arrivals),
+            prompt_tokens_per_s=sum(s.num_prefill_tokens for s in steps) / seconds,
+            output_tokens_per_s=sum(s.num_sampled for s in steps) / seconds,
+            ttft_p50_s=_pct(ttft, 50), ttft_p99_s=_pct(ttft, 99), tbt_p50_s=_pct(tbt, 50), tbt_p99_s=_pct(tbt, 99),
+            tpot_p50_s=_pct(tpot, 50), e2e_p50_s=_pct(e2e, 50), e2e_p99_s=_pct(e2e, 99),
+            slo_attainment=met / len(finished) if finished else None, goodput_rps=met / seconds,
+            num_steps=len(steps), busy_fraction=min(1.0, busy / seconds),
+            step_time_mean_s=busy / len(steps) if steps else None,
+            kv_usage_mean=float(np.mean([s.kv_usage for s in steps])) if steps else 0.0,
+            kv_usage_max=max((s.kv_usage for s in steps), default=0.0),
+            num_running_mean=float(np.mean([s.num_running for s in steps])) if steps else 0.0,
+            num_waiting_mean=float(np.mean([s.num_waiting for s in steps])) if steps else 0.0,
+            num_preemptions=sum(s.num_preempted for s in steps),
+            mfu=self._utilisation(steps, seconds, "flops"), mbu=self._utilisation(steps, seconds, "bytes"),
+            hardware=dict(self.hardware))
+
+    def _utilisation(self, steps: list[StepRecord], seconds: float, kind: str) -> float | None:
+        if self.cost is None or self.peaks is None:
+            return None
+        if kind == "flops":
+            return sum(self.cost.step_flops(s) for s in steps) / (seconds * self.peaks.flops_per_s)
+        return sum(self.cost.step_bytes(s) for s in steps) / (seconds * self.peaks.bytes_per_s)
+
+
+def _token_ratio(finished: list[RequestRecord], arrivals: list[Arrival]) -> float | None:
+    """Observed prompt:output tokens; from arrivals' max_tokens until requests finish in the window."""
+    if finished:
+        out = sum(r.num_output_tokens for r in finished)
+        return sum(r.num_prompt_tokens for r in finished) / out if out else None
+    if arrivals:
+        return sum(a.num_prompt_tokens for a in arrivals) / sum(a.max_tokens for a in arrivals)
+    return None

@@ -1,0 +1,86 @@
+"""/metrics in Prometheus text format with vLLM-style names, /admin with its key, telemetry windows."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from autotuner.daemon import DaemonConfig, Telemetry, extra_routes
+from engine.api_server import ApiConfig
+from engine.engine_config import EngineConfig
+from telemetry.device_sampler import CpuReader, open_reader
+from tests.conftest import make_engine
+from tests.live_server import LiveServer
+
+KEY = "s3cret"
+NAMES = ["autotuned:num_requests_running", "autotuned:num_requests_waiting", "autotuned:kv_cache_usage_perc",
+         "autotuned:time_to_first_token_seconds", "autotuned:inter_token_latency_seconds",
+         "autotuned:e2e_request_latency_seconds", "autotuned:iteration_tokens_total", "autotuned:num_preemptions",
+         "autotuned:knob", "autotuned:policy_info", "autotuned:request_success", "autotuned:input_output_token_ratio"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_hf):
+    api = ApiConfig(served_model_name="tiny", api_key=KEY)
+    telemetry = Telemetry(DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11))
+    load = lambda: telemetry.attach(make_engine(tiny_hf[0], token_budget=32))  # noqa: E731
+    with LiveServer(load, api, extra_routes(telemetry)) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        for i in range(4):
+            client.completions.create(model="tiny", prompt=f"w{5 + i} w6 w7", max_tokens=6,
+                                      extra_body={"ignore_eos": True})
+        yield s
+
+
+def test_metrics_parse_and_carry_the_names(server):
+    text = httpx.get(server.url + "/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in NAMES:
+        assert name in families, name
+    samples = {s.name: s for f in families.values() for s in f.samples}
+    assert samples["autotuned:time_to_first_token_seconds_count"].value == 4
+    assert samples["autotuned:generation_tokens_total"].value == 24
+    knobs = {s.labels["knob"]: s.value for s in families["autotuned:knob"].samples}
+    assert knobs["token_budget"] == 32
+
+
+def test_admin_needs_the_key(server):
+    assert httpx.get(server.url + "/admin/scheduler").status_code == 401
+    r = httpx.get(server.url + "/admin/scheduler", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def test_admin_sets_knobs_and_policy_and_rejects_bad_ones(server):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(server.url + "/admin/scheduler", headers=auth,
+                   json={"policy": "adaptive", "knobs": {"token_budget": 48, "prefill_priority": 0.5}})
+    assert r.status_code == 200 and r.json()["knobs"]["token_budget"] == 48
+    bad = httpx.post(server.url + "/admin/scheduler", headers=auth, json={"knobs": {"token_budget": -3}})
+    assert bad.status_code == 400 and "token_budget" in bad.json()["error"]["message"]
+    bad = httpx.post(server.url + "/admin/scheduler", headers=auth, json={"policy": "nope"})
+    assert bad.status_code == 400
+    openai.OpenAI(base_url=server.url + "/v1", api_key="x").completions.create(model="tiny", prompt="w5", max_tokens=2)
+    state = httpx.get(server.url + "/admin/scheduler", headers=auth).json()
+    assert state["policy"] == "adaptive" and state["knobs"]["token_budget"] == 48
+    text = httpx.get(server.url + "/metrics").text
+    assert 'autotuned:policy_info{model_name="tiny",policy="adaptive"} 1.0' in text
+
+
+def test_telemetry_window_summarises_recent_traffic(server):
+    w = httpx.get(server.url + "/admin/telemetry?seconds=120", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert w["num_finished"] >= 4 and w["ttft_p50_s"] > 0 and w["output_tokens_per_s"] > 0
+    assert w["input_output_ratio"] == pytest.approx(3 / 6, rel=0.5)
+    assert 0 < w["mfu"] < 1 and 0 < w["mbu"] < 1
+
+
+def test_nvml_missing_degrades_to_cpu(caplog):
+    with caplog.at_level("INFO"):
+        reader = open_reader("cuda")
+    assert isinstance(reader, CpuReader)
+    assert any("NVML unavailable" in m for m in caplog.messages)
+    time.sleep(0.01)
+    assert set(reader.read()) == {"cpu_util_perc", "cpu_load_1m"}
