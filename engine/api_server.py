@@ -239,6 +239,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def api_error(_: HttpRequest, e: ApiError) -> JSONResponse:
         return e.response()
 
+    @app.exception_handler(InvalidRequestError)
+    async def invalid_request(_: HttpRequest, e: InvalidRequestError) -> JSONResponse:
+        return JSONResponse(error_body(str(e), param=e.param), 400)
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: HttpRequest, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {}
