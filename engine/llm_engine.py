@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import itertools
 from collections import Counter
 import logging
@@ -25,6 +27,15 @@ from policies import Knobs
 
 log = logging.getLogger(__name__)
 
+
+def release_freed_memory() -> None:
+    """Give the dequantized checkpoint's freed heap back to the OS (glibc keeps it otherwise)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to do
+
 DEFAULT_MAX_MODEL_LEN = 8192
 
 
@@ -45,6 +56,7 @@ class LLMEngine:
         self.runner = ModelRunner(checkpoint, dtype, config.device, num_blocks, config.block_size,
                                   self.max_model_len, config.attention_backend, config.seed)
         del checkpoint
+        release_freed_memory()
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, Detokenizer] = {}
         self._ids = itertools.count()
