@@ -26,6 +26,7 @@ class NvmlReader:
         self.nvml = pynvml
         self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         self.name = pynvml.nvmlDeviceGetName(self.handle)
+        self.gpm = GpmReader(pynvml, self.handle) if GpmReader.supported(pynvml, self.handle) else None
 
     def read(self) -> Sample:
         n, h = self.nvml, self.handle
@@ -40,7 +41,45 @@ class NvmlReader:
                 sample[key] = float(read())
             except n.NVMLError:
                 pass   # not every board reports every field
+        if self.gpm:
+            sample.update(self.gpm.read())
         return sample
+
+
+class GpmReader:
+    """Hopper+ GPU performance monitoring: metrics between two samples taken one interval apart."""
+
+    METRICS = {"gpm_dram_bw_util_perc": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+               "gpm_tensor_util_perc": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+               "gpm_sm_util_perc": "NVML_GPM_METRIC_SM_UTIL"}
+
+    @staticmethod
+    def supported(nvml, handle) -> bool:
+        try:
+            return bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+        except (nvml.NVMLError, AttributeError):
+            return False
+
+    def __init__(self, nvml, handle) -> None:
+        self.nvml, self.handle = nvml, handle
+        self.previous = nvml.nvmlGpmSampleAlloc()
+        nvml.nvmlGpmSampleGet(handle, self.previous)
+
+    def read(self) -> Sample:
+        n = self.nvml
+        current = n.nvmlGpmSampleAlloc()
+        n.nvmlGpmSampleGet(self.handle, current)
+        request = n.c_nvmlGpmMetricsGet_t()
+        request.version = n.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(self.METRICS)
+        request.sample1, request.sample2 = self.previous, current
+        for i, metric in enumerate(self.METRICS.values()):
+            request.metrics[i].metricId = getattr(n, metric)
+        n.nvmlGpmMetricsGet(request)
+        n.nvmlGpmSampleFree(self.previous)
+        self.previous = current
+        return {name: float(request.metrics[i].value) for i, name in enumerate(self.METRICS)
+                if request.metrics[i].nvmlReturn == n.NVML_SUCCESS}
 
 
 class CpuReader:
