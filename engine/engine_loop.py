@@ -68,9 +68,14 @@ class EngineLoop:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            self._drain(block=not self.engine.has_unfinished())
-            if self.engine.has_unfinished():
-                self._deliver(self.engine.step())
+            try:
+                self._drain(block=not self.engine.has_unfinished())
+                if self.engine.has_unfinished():
+                    self._deliver(self.engine.step())
+            except Exception:  # a bug outside any one request: fail what is in flight, keep serving
+                log.exception("engine step failed outside a request; aborting in-flight requests")
+                for request_id in list(self._sinks):
+                    self._abort(request_id)
 
     def _drain(self, block: bool) -> None:
         try:

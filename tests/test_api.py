@@ -154,3 +154,19 @@ def test_full_queue_answers_429_with_retry_after(tiny_hf):
         assert rejected[0].json()["error"]["type"] == "rate_limit_error"
         assert all(r.status_code in (200, 429) for r in responses)
         wait_idle(server)
+
+
+def test_a_failing_step_fails_its_requests_and_the_server_keeps_serving(server, client, monkeypatch):
+    runner = server.engine.runner
+    original = runner.execute
+
+    def broken(*args, **kwargs):
+        monkeypatch.setattr(runner, "execute", original)   # only the next step fails
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(runner, "execute", broken)
+    with pytest.raises(openai.InternalServerError):
+        client.completions.create(model=MODEL, prompt="w5", max_tokens=3)
+    r = client.completions.create(model=MODEL, prompt="w5", max_tokens=3, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 3
+    wait_idle(server)
