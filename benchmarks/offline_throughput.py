@@ -7,7 +7,7 @@ left-padded static batches of `--hf-batch-size` requests.
 
     python benchmarks/offline_throughput.py                      # full run (several minutes)
     python benchmarks/offline_throughput.py --num-requests 8 --output-len 16 --hf-batch-size 8
-    python benchmarks/offline_throughput.py --token-budget 256 512 1024 --hf-batch-size 16 32
+    python benchmarks/offline_throughput.py --token-budget 256 512 1024 2048 --hf-batch-size 8 16 32
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def parse_args() -> argparse.Namespace:
                    help="engine KV pool in MiB (default 1024: holds all 64 x 328 tokens in fp32 without "
                         "preemption; the engine's own default of 512 does not)")
     p.add_argument("--dtype", default="auto", help="engine dtype: auto (default), fp32 or bf16")
-    p.add_argument("--hf-batch-size", type=int, nargs="+", default=[16],
-                   help="transformers static batch size(s) (default 16, the fastest of 8/16/32 measured)")
+    p.add_argument("--hf-batch-size", type=int, nargs="+", default=[32],
+                   help="transformers static batch size(s); several values are run one after another "
+                        "(default 32, the fastest of 8/16/32 in docs/benchmarks.md)")
     p.add_argument("--skip-hf", action="store_true", help="run only our engine")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt windows (default 0)")
     p.add_argument("--wait-idle", type=float, default=120.0,
