@@ -6,6 +6,8 @@ first on sys.path when it runs `python benchmarks/NAME.py`.
 
 from __future__ import annotations
 
+import json
+
 import os
 import platform
 import random
@@ -135,3 +137,11 @@ def build_prompts(encode, count: int, length: int, jitter: int, seed: int = 0) -
         start = rng.randint(0, len(stream) - n)
         prompts.append(stream[start:start + n])
     return prompts
+
+
+def emit_summary(summary: dict, path: str | None) -> None:
+    """Print the JSON summary, and also write it to `path` when given."""
+    print(json.dumps(summary, indent=2))
+    if path:
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=2)

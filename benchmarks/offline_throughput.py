@@ -13,14 +13,13 @@ left-padded static batches of `--hf-batch-size` requests.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
-from bench_common import MachineInfo, OtherLoad, build_prompts, wait_until_idle
+from bench_common import emit_summary, MachineInfo, OtherLoad, build_prompts, wait_until_idle
 from engine import LLM, SamplingParams
 from engine.checkpoint import bundled_model_path
 from engine.outputs import StepRecord
@@ -215,10 +214,7 @@ def main() -> None:
         summary["greedy_agreement"] = agreement(engine_outputs, hf_outputs)
         print(f"\nours / transformers: {summary['ratio_engine_over_hf']:.2f}x "
               f"(engine budget {best_engine.token_budget} vs HF batch {best_hf.batch_size}; target >= 3x)")
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+    emit_summary(summary, args.json)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,13 @@ the longest prompt reproduces the paper's baselines, which have no per-step toke
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from bench_common import MachineInfo, OtherLoad, build_prompts, wait_until_idle
+from bench_common import emit_summary, MachineInfo, OtherLoad, build_prompts, wait_until_idle
 from engine import EngineConfig, LLMEngine, SamplingParams
 from policies import POLICIES, Knobs
 
@@ -207,10 +206,7 @@ def main() -> None:
                                                           "output_min", "output_max", "seed")},
                "token_budget": args.token_budget, "unchunked_budget": unchunked_budget,
                "results": [asdict(s) for s in stats]}
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+    emit_summary(summary, args.json)
 
 
 if __name__ == "__main__":

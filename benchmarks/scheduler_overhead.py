@@ -26,12 +26,11 @@ step at 256 running requests.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 
-from bench_common import MachineInfo, OtherLoad, build_prompts, wait_until_idle
+from bench_common import emit_summary, MachineInfo, OtherLoad, build_prompts, wait_until_idle
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.block_manager import BlockManager
 from engine.request import Request
@@ -251,10 +250,7 @@ def main() -> None:
         print(f"ratio {100 * ratio.ratio:.2f}% (in-engine schedule_s / duration_s: "
               f"{100 * ratio.engine_schedule_ratio:.2f}%); target < {100 * TARGET_RATIO:.0f}%")
         summary.update(sarathi_32=asdict(sarathi32), model_step_32=asdict(model), ratio=asdict(ratio))
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+    emit_summary(summary, args.json)
 
 
 if __name__ == "__main__":

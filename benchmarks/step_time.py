@@ -16,12 +16,11 @@ Python work = wall - forward_s: scheduling, input preparation, sampling and outp
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from bench_common import MachineInfo, OtherLoad, build_prompts, wait_until_idle
+from bench_common import emit_summary, MachineInfo, OtherLoad, build_prompts, wait_until_idle
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.outputs import StepRecord
 from policies import Knobs
@@ -180,10 +179,7 @@ def main() -> None:
         share = by_batch[32].python_share
         summary["python_share_batch32"] = share
         print(f"\nPython work at decode batch 32: {100 * share:.1f}% of the step (target < 10%)")
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+    emit_summary(summary, args.json)
 
 
 if __name__ == "__main__":
