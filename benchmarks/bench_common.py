@@ -6,16 +6,20 @@ first on sys.path when it runs `python benchmarks/NAME.py`.
 
 from __future__ import annotations
 
+import argparse
 import json
-
 import os
 import platform
 import random
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 # Plain English prose (written for this repository) that prompts are cut from.
 PASSAGE = """\
@@ -65,7 +69,7 @@ class MachineInfo:
     load_avg_1m: float      # other work on the machine distorts every number; check it is near 0
 
     @staticmethod
-    def collect() -> "MachineInfo":
+    def collect() -> MachineInfo:
         return MachineInfo(os.cpu_count() or 0, cpu_model(), torch.__version__, torch.get_num_threads(),
                            platform.python_version(), os.getloadavg()[0])
 
@@ -107,6 +111,31 @@ def wait_until_idle(max_wait_s: float, threshold: float = 0.05, window_s: float 
         if share < threshold or time.monotonic() >= deadline:
             return share
         print(f"waiting for an idle machine: other processes use {100 * share:.0f}% of the CPU", flush=True)
+
+
+def retry_contended(run: Callable[[], T], wait_idle_s: float, max_other: float, retries: int,
+                    share: Callable[[T], float] = lambda r: r.other_cpu_share) -> T:
+    """Run after waiting for an idle CPU; run again (up to `retries` times) while other processes
+    used more than `max_other` of the CPU during the run. The last result is kept either way."""
+    for attempt in range(retries + 1):
+        wait_until_idle(wait_idle_s)
+        result = run()
+        if share(result) <= max_other or attempt == retries:
+            return result
+        print(f"other processes used {100 * share(result):.0f}% of the CPU during that run; running it again",
+              flush=True)
+    raise AssertionError("unreachable")
+
+
+def add_contention_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait-idle", type=float, default=120.0,
+                        help="before each measurement, wait up to this many seconds for other processes to "
+                             "leave the CPU idle (default 120)")
+    parser.add_argument("--max-other-cpu", type=float, default=0.05,
+                        help="a measurement during which other processes used more than this share of the "
+                             "CPU is taken again (default 0.05)")
+    parser.add_argument("--retries", type=int, default=3,
+                        help="most re-takes of one contended measurement (default 3)")
 
 
 def cpu_model() -> str:

@@ -2,7 +2,8 @@
 
 Decode: for each batch size, `B` requests with ~`--context` tokens of prompt are prefilled, then
 `--steps` pure decode steps are timed. Prefill: prompts of `--prefill-prompt-len` tokens are
-computed in chunks of `--chunk` tokens (the token budget), one chunk per step.
+computed in chunks of `--chunk` tokens (the token budget), one chunk per step; steps are reported
+by how much of the prompt is already cached (a later chunk also attends to the earlier ones).
 
 Each step is read from engine.last_record (a StepRecord). Two step times are reported:
   record  StepRecord.duration_s (schedule + prepare + forward + sample)
@@ -19,8 +20,10 @@ import argparse
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 
-from bench_common import emit_summary, MachineInfo, OtherLoad, build_prompts, wait_until_idle
+from bench_common import (MachineInfo, OtherLoad, add_contention_args, build_prompts, emit_summary,
+                          retry_contended)
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.outputs import StepRecord
 from policies import Knobs
@@ -30,6 +33,7 @@ from policies import Knobs
 class StepStats:
     kind: str                 # "decode" or "prefill"
     batch: int                # sequences per step (decode) or tokens per step (prefill)
+    context: int              # tokens already cached per sequence before the step (median)
     steps: int
     wall_s: float             # medians over the timed steps from here on
     record_s: float
@@ -55,12 +59,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prefill-prompt-len", type=int, default=2048,
                    help="prompt length for the prefill measurement; a multiple of --chunk gives "
                         "pure full chunks (default 2048)")
-    p.add_argument("--prefill-requests", type=int, default=5,
-                   help="prompts prefilled; the first is a warm-up (default 5: 16 timed chunks)")
+    p.add_argument("--prefill-requests", type=int, default=6,
+                   help="prompts prefilled; the first is a warm-up (default 6: 5 timed chunks per context)")
     p.add_argument("--dtype", default="auto", help="engine dtype: auto (default), fp32 or bf16")
-    p.add_argument("--wait-idle", type=float, default=120.0,
-                   help="before each measurement, wait up to this many seconds for other processes to "
-                        "leave the CPU idle (default 120)")
+    add_contention_args(p)
     p.add_argument("--json", default=None, help="also write the JSON summary to this file")
     return p.parse_args()
 
@@ -75,7 +77,9 @@ def summarize(kind: str, batch: int, steps: list[tuple[float, StepRecord]], othe
     wall, forward = median(walls), median([r.forward_s for r in records])
     python = median([w - r.forward_s for w, r in steps])
     tokens = median([r.num_prefill_tokens + r.num_decode_tokens for r in records])
-    return StepStats(kind, batch, len(steps), wall, median([r.duration_s for r in records]),
+    context = median([(r.context_tokens - r.num_prefill_tokens - r.num_decode_tokens)
+                      / (r.num_decode_tokens + r.num_prefill_seqs) for r in records])
+    return StepStats(kind, batch, round(context), len(steps), wall, median([r.duration_s for r in records]),
                      median([r.schedule_s for r in records]), median([r.prepare_s for r in records]), forward,
                      median([r.sample_s for r in records]), median([w - r.duration_s for w, r in steps]),
                      python, median([(w - r.forward_s) / w for w, r in steps]), tokens / wall, other)
@@ -120,8 +124,8 @@ def measure_decode(engine: LLMEngine, prompts: list[list[int]], batch: int, step
     return summarize("decode", batch, timed, other_share)
 
 
-def measure_prefill(engine: LLMEngine, prompts: list[list[int]], chunk: int) -> StepStats:
-    """One chunk per step; the first prompt's chunks are a warm-up."""
+def measure_prefill(engine: LLMEngine, prompts: list[list[int]], chunk: int) -> list[StepStats]:
+    """One chunk per step; the first prompt's chunks are a warm-up. One result per cached context."""
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     for prompt in prompts:
         engine.add_request(prompt, params)
@@ -132,16 +136,20 @@ def measure_prefill(engine: LLMEngine, prompts: list[list[int]], chunk: int) -> 
         computed += record.num_prefill_tokens
         if computed > first_len and record.num_prefill_tokens == chunk and record.num_decode_tokens == 0:
             timed.append((wall, record))
-    return summarize("prefill", chunk, timed, other.share())
+    share = other.share()
+    by_context: dict[int, list[tuple[float, StepRecord]]] = {}
+    for wall, record in timed:
+        by_context.setdefault(record.context_tokens - chunk, []).append((wall, record))
+    return [summarize("prefill", chunk, steps, share) for _, steps in sorted(by_context.items())]
 
 
 def print_table(stats: list[StepStats]) -> None:
-    head = (f"{'step':<14}{'wall ms':>9}{'record':>8}{'sched':>7}{'prep':>7}{'fwd':>8}{'sample':>8}"
+    head = (f"{'step':<14}{'ctx':>6}{'wall ms':>9}{'record':>8}{'sched':>7}{'prep':>7}{'fwd':>8}{'sample':>8}"
             f"{'output':>8}{'python':>8}{'py %':>7}{'tok/s':>9}{'other cpu':>11}")
     print("\n" + head)
     for s in stats:
         ms = lambda x: f"{1000 * x:.1f}"  # noqa: E731
-        print(f"{s.kind + ' ' + str(s.batch):<14}{ms(s.wall_s):>9}{ms(s.record_s):>8}{ms(s.schedule_s):>7}"
+        print(f"{s.kind + ' ' + str(s.batch):<14}{s.context:>6}{ms(s.wall_s):>9}{ms(s.record_s):>8}{ms(s.schedule_s):>7}"
               f"{ms(s.prepare_s):>7}{ms(s.forward_s):>8}{ms(s.sample_s):>8}{ms(s.output_s):>8}"
               f"{ms(s.python_s):>8}{100 * s.python_share:>6.1f}%{s.tokens_per_s:>9.1f}"
               f"{100 * s.other_cpu_share:>10.0f}%")
@@ -162,14 +170,13 @@ def main() -> None:
     prompts = build_prompts(encode, max_batch, args.context, 0)
 
     measure_decode(engine, prompts, min(8, max_batch), 3, 2)  # warm-up, discarded
-    stats = []
-    for batch in args.batch_sizes:
-        wait_until_idle(args.wait_idle)
-        stats.append(measure_decode(engine, prompts, batch, args.steps, args.warmup_steps))
+    contention = (args.wait_idle, args.max_other_cpu, args.retries)
+    stats = [retry_contended(partial(measure_decode, engine, prompts, batch, args.steps, args.warmup_steps),
+                             *contention) for batch in args.batch_sizes]
     engine.set_knobs(token_budget=args.chunk)
-    wait_until_idle(args.wait_idle)
     long_prompts = build_prompts(encode, args.prefill_requests, args.prefill_prompt_len, 0, seed=1)
-    stats.append(measure_prefill(engine, long_prompts, args.chunk))
+    stats += retry_contended(partial(measure_prefill, engine, long_prompts, args.chunk), *contention,
+                             share=lambda results: results[0].other_cpu_share)
 
     print_table(stats)
     summary = {"machine": MachineInfo.collect().as_dict(), "dtype": dtype, "context": args.context,
