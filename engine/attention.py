@@ -7,6 +7,7 @@ The torch backend is the reference and runs anywhere; a Triton backend plugs in 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -104,8 +105,29 @@ class TorchAttention:
         return out.transpose(0, 1)
 
 
-def make_attention_backend(name: str, scale: float) -> AttentionBackend:
-    """Registry of attention backends by name."""
-    if name in ("torch", "auto"):
+BACKENDS = ("torch", "triton", "auto")
+
+
+def make_attention_backend(name: str, scale: float, device: str = "cpu") -> AttentionBackend:
+    """Registry of attention backends by name; "auto" is triton on CUDA when it imports, else torch."""
+    if name == "auto":
+        name = "triton" if str(device).startswith("cuda") and _triton_available() else "torch"
+    if name == "torch":
         return TorchAttention(scale)
-    raise ValueError(f"unknown attention backend {name!r}: expected one of torch, auto")
+    if name == "triton":
+        if not _triton_available():
+            raise ImportError("attention backend 'triton' needs the triton package: pip install 'triton>=3.1'")
+        if not str(device).startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"attention backend 'triton' runs on CUDA, not {device!r} "
+                             "(on CPU only under TRITON_INTERPRET=1, for tests); use 'torch' or 'auto'")
+        from engine.triton_attention import TritonAttention  # lazy: triton is optional and slow to import
+        return TritonAttention(scale)
+    raise ValueError(f"unknown attention backend {name!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,145 @@
+"""The Triton attention backend against the torch reference, on tiny fp32 shapes.
+
+Without a GPU the kernels run in Triton's CPU interpreter, which must be switched on before triton
+is imported (the choice is made when the kernels are decorated).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+INTERPRET = not torch.cuda.is_available()
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from engine import SamplingParams  # noqa: E402
+from engine.attention import TorchAttention, make_attention_backend  # noqa: E402
+from engine.batch_layout import BatchLayout  # noqa: E402
+from engine.triton_attention import TritonAttention  # noqa: E402
+from tests.conftest import make_engine  # noqa: E402
+
+H, KVH = 4, 2
+# The kernels run either in the interpreter (CPU tensors) or compiled for the GPU, never both at once.
+DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="GPU present: kernels are compiled")),
+           pytest.param("cuda", marks=pytest.mark.skipif(INTERPRET, reason="no GPU"))]
+
+
+def make_layout(context_lens: list[int], query_lens: list[int], num_decodes: int, block_size: int,
+                rng: np.random.Generator) -> tuple[BatchLayout, int]:
+    """Sequences with random, non-contiguous block ids drawn from one shuffled pool."""
+    needs = [-(-(c + q) // block_size) for c, q in zip(context_lens, query_lens)]
+    num_blocks = sum(needs) + 5
+    ids = rng.permutation(num_blocks)
+    tables, used = [], 0
+    for n in needs:
+        tables.append(ids[used:used + n].astype(np.int64))
+        used += n
+    layout = BatchLayout(num_decodes, np.array(query_lens, dtype=np.int64), np.array(context_lens, dtype=np.int64),
+                         tables, block_size)
+    return layout, num_blocks
+
+
+def run_both(layout: BatchLayout, num_blocks: int, head_dim: int, device: str, dtype: torch.dtype):
+    """Same inputs and same pre-filled cache through both backends; returns (outs, caches) per backend."""
+    g = torch.Generator().manual_seed(0)
+    t, slots = layout.num_tokens, num_blocks * layout.block_size
+    q = torch.randn(t, H, head_dim, generator=g).to(device, dtype)
+    k, v = (torch.randn(t, KVH, head_dim, generator=g).to(device, dtype) for _ in range(2))
+    cache = torch.randn(2, slots, KVH, head_dim, generator=g).to(device, dtype)   # context K/V and garbage elsewhere
+    scale = head_dim ** -0.5
+    results = []
+    for backend in (TorchAttention(scale), TritonAttention(scale)):
+        k_cache, v_cache = cache[0].clone(), cache[1].clone()
+        meta = backend.prepare(layout, torch.device(device))
+        out = backend.attend(q, k, v, k_cache, v_cache, meta)
+        results.append((out, k_cache, v_cache))
+    return results
+
+
+def check(layout: BatchLayout, num_blocks: int, head_dim: int, device: str, dtype: torch.dtype = torch.float32) -> None:
+    (ref, ref_k, ref_v), (out, k_cache, v_cache) = run_both(layout, num_blocks, head_dim, device, dtype)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2   # bf16: both round their output, in different orders
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(k_cache, ref_k, atol=0, rtol=0)
+    torch.testing.assert_close(v_cache, ref_v, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim,block_size,context_lens", [(16, 4, [0, 7, 40]), (24, 16, [33, 1]), (16, 16, [5])])
+def test_decode_only(device, head_dim, block_size, context_lens):
+    rng = np.random.default_rng(1)
+    layout, n = make_layout(context_lens, [1] * len(context_lens), len(context_lens), block_size, rng)
+    check(layout, n, head_dim, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim,block_size", [(16, 4), (24, 16)])
+def test_prefill_first_chunk(device, head_dim, block_size):
+    rng = np.random.default_rng(2)
+    layout, n = make_layout([0, 0, 0], [1, 9, 37], 0, block_size, rng)
+    check(layout, n, head_dim, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim,block_size", [(16, 4), (24, 16)])
+def test_prefill_later_chunk_with_cached_context(device, head_dim, block_size):
+    rng = np.random.default_rng(3)
+    layout, n = make_layout([40, 3, 16], [5, 13, 1], 0, block_size, rng)
+    check(layout, n, head_dim, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim,block_size", [(16, 4), (24, 16)])
+def test_mixed_batch(device, head_dim, block_size):
+    """Two decodes first, then a first chunk and a later chunk; the cache after the write must match too."""
+    rng = np.random.default_rng(4)
+    layout, n = make_layout([12, 0, 0, 21], [1, 1, 11, 6], 2, block_size, rng)
+    check(layout, n, head_dim, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_batch_bf16(device):
+    """bf16 caches: the kernels upcast every load to fp32 (the interpreter needs it; the GPU loses nothing)."""
+    rng = np.random.default_rng(5)
+    layout, n = make_layout([9, 0, 30], [1, 14, 3], 1, 4, rng)
+    check(layout, n, 24, device, torch.bfloat16)
+
+
+def test_registry():
+    assert make_attention_backend("torch", 1.0, "cpu").name == "torch"
+    assert make_attention_backend("auto", 1.0, "cpu").name == "torch"
+    if INTERPRET:
+        assert make_attention_backend("triton", 1.0, "cpu").name == "triton"
+    else:
+        assert make_attention_backend("auto", 1.0, "cuda").name == "triton"
+        with pytest.raises(ValueError, match="runs on CUDA"):
+            make_attention_backend("triton", 1.0, "cpu")
+    with pytest.raises(ValueError, match="expected one of torch, triton, auto"):
+        make_attention_backend("flash", 1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_engine_greedy_tokens_match_torch(tiny_hf, device):
+    """Mixed steps (a budget of 8 chunks prompts beside running decodes) give the same greedy tokens."""
+    path, _ = tiny_hf
+    prompts = [[5, 17, 42, 99, 7, 3, 250, 11, 64, 8, 19], [9, 8, 7], [100, 200]]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    results = {}
+    for backend in ("torch", "triton"):
+        engine = make_engine(path, token_budget=8, attention_backend=backend, device=device)
+        assert engine.runner.attention.name == backend
+        ids = [engine.add_request(p, params) for p in prompts]
+        done = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.token_ids
+        results[backend] = [done[i] for i in ids]
+    assert results["triton"] == results["torch"]
