@@ -26,6 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     sub.add_parser("policies", help="list the scheduling policies with the knobs each reads")
+    bench = sub.add_parser("bench", help="benchmark an OpenAI-compatible server with an open-loop workload")
+    add_bench_arguments(bench)
+    cap = sub.add_parser("capacity", help="search the largest QPS a server sustains within TTFT/TBT bounds")
+    add_bench_arguments(cap)
+    cap.add_argument("--max-probes", type=int, default=8, help="most bench runs in the search (default 8)")
+    cap.add_argument("--start-qps", type=float, default=1.0, help="first rate probed (default 1)")
+    cap.add_argument("--tolerance", type=float, default=0.05,
+                     help="stop when the passing and failing rates are this close, relatively (default 0.05)")
+    cap.add_argument("--max-failed-fraction", type=float, default=0.0,
+                     help="a probe with more failed or unfinished requests fails (default 0)")
     srv = sub.add_parser("serve", help="run the OpenAI-compatible daemon (the default command)")
     add_serve_arguments(srv)
     add_serve_arguments(parser)   # `autotuned-serve` alone serves with these
@@ -49,6 +59,80 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", default=None, help="where tuner state lives (default ./state)")
     p.add_argument("--no-tune", dest="tune", action="store_const", const=False, default=None,
                    help="serve with fixed knobs, no online tuning")
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default http://127.0.0.1:8000)")
+    p.add_argument("--workload", default="chat",
+                   help="a preset in configs/workloads.yaml or a YAML file (default chat)")
+    p.add_argument("--qps", type=float, default=None, help="base request rate (default: the workload's)")
+    p.add_argument("--num-requests", type=int, default=200, help="requests per run (default 200)")
+    p.add_argument("--max-duration-s", type=float, default=600.0,
+                   help="arrivals stop and unfinished requests fail after this long (default 600)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo-ttft-s", type=float, default=2.0, help="TTFT bound (default 2.0)")
+    p.add_argument("--slo-tbt-s", type=float, default=0.25, help="time-between-tokens bound (default 0.25)")
+    p.add_argument("--out-dir", default=None, help="write the JSON and PNG plots here")
+    p.add_argument("--model", default=None, help="model name for the requests (default: the first of GET /v1/models)")
+    p.add_argument("--tokenizer", default=None, help="model whose tokenizer makes the prompts: a .gguf, an HF "
+                   "directory or a preset (default: the bundled SmolLM2)")
+    p.add_argument("--text-prompts", action="store_true", help="send text instead of token ids")
+    p.add_argument("--endpoint", default="completions", choices=["completions", "chat"],
+                   help="/v1/completions (default) or /v1/chat/completions (text prompts in one user message)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: OPENAI_API_KEY")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def bench_setup(args: argparse.Namespace):
+    """(workload, prompt source, options, SLO) from the bench flags; bad values raise ValueError."""
+    from autotuner.bench_client import BenchOptions
+    from autotuner.prompts import PromptSource, load_prompt_tokenizer
+    from autotuner.workload import load_workload
+    from telemetry.window import SLO
+
+    for flag in ("qps", "slo_ttft_s", "slo_tbt_s"):
+        if getattr(args, flag) is not None and not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be > 0")
+    if args.num_requests < 1:
+        raise ValueError("--num-requests must be at least 1")
+    workload = load_workload(args.workload)
+    options = BenchOptions(args.base_url, args.model, args.text_prompts, args.endpoint, args.api_key,
+                           args.max_duration_s, args.progress)
+    source = PromptSource(load_prompt_tokenizer(args.tokenizer), args.seed)
+    return workload, source, options, SLO(args.slo_ttft_s, args.slo_tbt_s)
+
+
+def run_bench_command(args: argparse.Namespace) -> None:
+    import json
+
+    from autotuner.bench_client import bench_workload, write_outputs
+
+    workload, source, options, slo = bench_setup(args)
+    run = bench_workload(workload, source, options, slo, args.qps, args.num_requests, args.seed)
+    settings = {"workload": workload.name, "qps": args.qps or workload.qps, "seed": args.seed,
+                "base_url": options.root, "endpoint": options.endpoint, "model": run.model}
+    if args.out_dir:
+        write_outputs(run, args.out_dir, settings)
+    print(json.dumps({**settings, **run.summary.as_dict()}, indent=2))
+
+
+def run_capacity_command(args: argparse.Namespace) -> None:
+    import json
+
+    from autotuner.bench_client import live_probe
+    from autotuner.capacity import CapacityCriteria, check_search, search_capacity
+
+    check_search(args.start_qps, args.max_probes, args.tolerance)
+    criteria = CapacityCriteria(args.slo_ttft_s, args.slo_tbt_s, args.max_failed_fraction)
+    workload, source, options, slo = bench_setup(args)
+    probe = live_probe(workload, source, options, slo, args.num_requests, args.seed)
+    result = {"workload": workload.name, "base_url": options.root,
+              **search_capacity(probe, criteria, args.start_qps, args.max_probes, args.tolerance).as_dict()}
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
+        with open(os.path.join(args.out_dir, "capacity.json"), "w") as f:
+            json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2))
 
 
 def run_policies() -> None:
@@ -111,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
             run_generate(args)
         elif args.command == "policies":
             run_policies()
+        elif args.command == "bench":
+            run_bench_command(args)
+        elif args.command == "capacity":
+            run_capacity_command(args)
         else:
             run_serve(args)
         return 0

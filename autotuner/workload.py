@@ -1,0 +1,411 @@
+"""Synthetic serving workloads: phases of arrivals with prompt/output lengths -> a list of RequestSpecs.
+
+Pure Python + numpy, no HTTP, so the bench client and the simulator replay the same requests.
+Every arrival process is a renewal process of unit rate in "operational time" mapped to real
+time through the inverse of its integrated rate (time rescaling): a constant rate divides, a
+linear ramp solves a quadratic. Gaps and lengths come from separate seeded streams per phase, so
+changing qps rescales the same requests instead of drawing new ones (common random numbers for
+capacity probes).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import yaml
+
+PRESETS_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "workloads.yaml")
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    arrival_s: float      # seconds from the start of the run
+    prompt_tokens: int
+    output_tokens: int    # exact: clients send max_tokens=this with ignore_eos
+    phase: str            # name of the workload phase it came from
+
+
+# ---- arrival processes -------------------------------------------------------------------------
+
+ARRIVAL_PROCESSES = ("poisson", "gamma", "fixed", "ramp")
+
+
+@dataclass(frozen=True)
+class ArrivalProcess:
+    process: str = "poisson"   # poisson | gamma | fixed | ramp
+    burstiness: float = 1.0    # gamma: cv^2 of the gaps (= 1 / shape); 1 is poisson, > 1 burstier
+    ramp_from: float = 1.0     # ramp: rate multipliers at the start and the end of the phase
+    ramp_to: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.process not in ARRIVAL_PROCESSES:
+            raise ValueError(f"unknown arrival process {self.process!r} (known: {', '.join(ARRIVAL_PROCESSES)})")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
+        if not (self.ramp_from > 0 and self.ramp_to > 0):
+            raise ValueError(f"ramp rates must be > 0, got from {self.ramp_from} to {self.ramp_to}")
+
+    @property
+    def mean_multiplier(self) -> float:
+        return (self.ramp_from + self.ramp_to) / 2 if self.process == "ramp" else 1.0
+
+    def unit_gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Gaps of the process at rate 1 (mean 1)."""
+        if self.process == "fixed":
+            return np.ones(n)
+        if self.process == "gamma":
+            return rng.gamma(1.0 / self.burstiness, self.burstiness, n)
+        return rng.exponential(1.0, n)   # poisson, and ramp (a Poisson process with a varying rate)
+
+    def integrated_rate(self, t: float, rate: float, length_s: float) -> float:
+        """Expected arrivals in [0, t) of a phase of `length_s` at base `rate`."""
+        if self.process != "ramp":
+            return rate * t
+        a, b = rate * self.ramp_from, rate * self.ramp_to
+        if t <= length_s:
+            return a * t + (b - a) * t * t / (2 * length_s)
+        return (a + b) * length_s / 2 + b * (t - length_s)
+
+    def to_time(self, s: np.ndarray, rate: float, length_s: float) -> np.ndarray:
+        """Inverse of integrated_rate: operational times -> seconds from the phase start."""
+        if self.process != "ramp":
+            return s / rate
+        a, b = rate * self.ramp_from, rate * self.ramp_to
+        s_end = (a + b) * length_s / 2
+        inside = np.minimum(s, s_end)
+        # root of (b-a)/(2L) t^2 + a t - s = 0, written so a == b does not divide by zero
+        t = 2 * inside / (a + np.sqrt(a * a + 2 * (b - a) * inside / length_s))
+        return np.where(s <= s_end, t, length_s + (s - s_end) / b)   # past the ramp the rate stays at b
+
+
+# ---- length distributions ----------------------------------------------------------------------
+
+class TokenDist(Protocol):
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Fixed:
+    value: int
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    low: int
+    high: int            # inclusive
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.low, self.high + 1, n)
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """Right-skewed like real chat lengths; `mean` is the mean before clipping to [low, high]."""
+
+    mean: float
+    sigma: float
+    low: int
+    high: int
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        mu = math.log(self.mean) - self.sigma ** 2 / 2
+        return np.clip(np.rint(rng.lognormal(mu, self.sigma, n)), self.low, self.high).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Independent:
+    """Prompt and output lengths drawn independently."""
+
+    prompt: TokenDist
+    output: TokenDist
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.prompt.sample(rng, n), self.output.sample(rng, n)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """(prompt, output) pairs from a CSV with num_prefill_tokens,num_decode_tokens (Sarathi-Serve's traces)."""
+
+    pairs: tuple[tuple[int, int], ...]
+    replay: bool = False          # in file order (cycling) instead of sampled with replacement
+    path: str = ""
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        table = np.asarray(self.pairs, dtype=np.int64)
+        rows = np.arange(n) % len(table) if self.replay else rng.integers(0, len(table), n)
+        return table[rows, 0], table[rows, 1]
+
+
+class Lengths(Protocol):
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+# What the project targets: chat ~200-token prompts and ~115-token answers; summarization long
+# prompts (1k-4k) with ~100-token summaries, which shifts the load from decode to prefill.
+CHAT = Independent(LogNormal(200, 0.7, 16, 1024), LogNormal(115, 0.6, 8, 512))
+SUMMARIZATION = Independent(Uniform(1000, 4000), LogNormal(100, 0.3, 32, 256))
+NAMED_LENGTHS: dict[str, Lengths] = {"chat": CHAT, "summarization": SUMMARIZATION}
+
+
+def read_trace(path: str, replay: bool = False) -> Trace:
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        raise ValueError(f"cannot read trace {path}: {e.strerror}") from e
+    try:
+        pairs = tuple((int(r["num_prefill_tokens"]), int(r["num_decode_tokens"])) for r in rows)
+    except KeyError as e:
+        raise ValueError(f"trace {path}: needs columns num_prefill_tokens,num_decode_tokens") from e
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"trace {path}: token counts must be integers ({e})") from e
+    if not pairs:
+        raise ValueError(f"trace {path}: no rows")
+    if min(min(p) for p in pairs) < 1:
+        raise ValueError(f"trace {path}: token counts must be >= 1")
+    return Trace(pairs, replay, path)
+
+
+# ---- workloads ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    arrival: ArrivalProcess = field(default_factory=ArrivalProcess)
+    lengths: Lengths = CHAT
+    share: float | None = None     # share of the run (its duration, or its request count); default 1
+    requests: int | None = None    # or: exactly this many requests, whatever the run's size
+    rate: float = 1.0              # multiplier of the workload's base qps
+
+    def __post_init__(self) -> None:
+        if self.share is not None and self.requests is not None:
+            raise ValueError(f"phase {self.name!r}: give share or requests, not both")
+        if self.share is not None and not self.share > 0:
+            raise ValueError(f"phase {self.name!r}: share must be > 0, got {self.share}")
+        if self.requests is not None and self.requests < 1:
+            raise ValueError(f"phase {self.name!r}: requests must be >= 1, got {self.requests}")
+        if not self.rate > 0:
+            raise ValueError(f"phase {self.name!r}: rate must be > 0, got {self.rate}")
+
+    @property
+    def weight(self) -> float:
+        return 1.0 if self.share is None else self.share
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    phases: tuple[Phase, ...]
+    qps: float = 1.0               # base rate when generate() gets none
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phases", tuple(self.phases))
+        if not self.phases:
+            raise ValueError(f"workload {self.name!r}: needs at least one phase")
+        if not self.qps > 0:
+            raise ValueError(f"workload {self.name!r}: qps must be > 0, got {self.qps}")
+
+
+def generate(workload: Workload, qps: float | None = None, num_requests: int | None = None,
+             duration_s: float | None = None, seed: int = 0) -> list[RequestSpec]:
+    """The workload's requests, sorted by arrival.
+
+    With num_requests, share-phases split that count and each phase ends at its last arrival;
+    with only duration_s, they split the duration and arrive until their end. Phases with a fixed
+    `requests` count always send it. With both, the count decides and duration_s cuts off later
+    arrivals (a bound on the run, as the bench client's --max-duration-s).
+    """
+    rate = workload.qps if qps is None else qps
+    if not rate > 0:
+        raise ValueError(f"qps must be > 0, got {qps}")
+    if num_requests is None and duration_s is None:
+        raise ValueError("give num_requests or duration_s")
+    if num_requests is not None and num_requests < 1:
+        raise ValueError(f"num_requests must be >= 1, got {num_requests}")
+    if duration_s is not None and not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    counts = None if num_requests is None else _split_count(workload.phases, num_requests)
+    total_weight = sum(p.weight for p in workload.phases if p.requests is None)
+    specs: list[RequestSpec] = []
+    start = 0.0
+    for i, phase in enumerate(workload.phases):
+        arrival_rng = np.random.default_rng([seed, i, 0])
+        length_rng = np.random.default_rng([seed, i, 1])
+        phase_rate = rate * phase.rate
+        if phase.requests is None and counts is None:
+            length_s = duration_s * phase.weight / total_weight
+            times = _arrivals_until(phase.arrival, arrival_rng, phase_rate, length_s)
+            end = start + length_s
+        else:
+            n = phase.requests if phase.requests is not None else counts[i]
+            times = _arrivals_count(phase.arrival, arrival_rng, phase_rate, n)
+            end = start + (float(times[-1]) if len(times) else 0.0)
+        prompts, outputs = phase.lengths.sample(length_rng, len(times))
+        specs += [RequestSpec(start + float(t), int(p), int(o), phase.name) for t, p, o in zip(times, prompts, outputs)]
+        start = end
+    specs.sort(key=lambda s: s.arrival_s)
+    if duration_s is not None:
+        specs = [s for s in specs if s.arrival_s < duration_s]
+    return specs if num_requests is None else specs[:num_requests]
+
+
+def _split_count(phases: Sequence[Phase], num_requests: int) -> list[int]:
+    """Request counts of the share-phases (largest remainder, so they sum exactly)."""
+    left = max(0, num_requests - sum(p.requests for p in phases if p.requests is not None))
+    shared = [i for i, p in enumerate(phases) if p.requests is None]
+    weights = np.array([phases[i].weight for i in shared])
+    exact = left * weights / weights.sum() if shared else np.array([])
+    counts = np.floor(exact).astype(int)
+    for j in np.argsort(-(exact - counts))[: left - counts.sum()]:
+        counts[j] += 1
+    out = [0] * len(phases)
+    for i, c in zip(shared, counts):
+        out[i] = int(c)
+    return out
+
+
+def _arrivals_until(process: ArrivalProcess, rng: np.random.Generator, rate: float, length_s: float) -> np.ndarray:
+    s_end = process.integrated_rate(length_s, rate, length_s)
+    s = np.cumsum(process.unit_gaps(rng, int(s_end + 10 * math.sqrt(s_end) + 10)))
+    while s[-1] < s_end:     # rare: draw more gaps
+        s = np.concatenate([s, s[-1] + np.cumsum(process.unit_gaps(rng, len(s)))])
+    return process.to_time(s[s < s_end], rate, length_s)
+
+
+def _arrivals_count(process: ArrivalProcess, rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
+    length_s = n / (rate * process.mean_multiplier)    # a ramp spans the time its n requests take on average
+    return process.to_time(np.cumsum(process.unit_gaps(rng, n)), rate, length_s)
+
+
+# ---- configuration -----------------------------------------------------------------------------
+
+def preset_names() -> list[str]:
+    return list(_read_yaml(PRESETS_PATH))
+
+
+def load_workload(name_or_path: str) -> Workload:
+    """A preset from configs/workloads.yaml, or a YAML file holding one workload."""
+    if os.path.isfile(name_or_path):
+        data = _read_yaml(name_or_path)
+        name = str(data.get("name", os.path.splitext(os.path.basename(name_or_path))[0]))
+        return parse_workload(name, data, os.path.dirname(os.path.abspath(name_or_path)))
+    presets = _read_yaml(PRESETS_PATH)
+    if name_or_path not in presets:
+        raise ValueError(f"unknown workload {name_or_path!r}: not a file nor a preset "
+                         f"(known: {', '.join(presets)})")
+    return parse_workload(name_or_path, presets[name_or_path], os.path.dirname(PRESETS_PATH))
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top")
+    return data
+
+
+def parse_workload(name: str, data: Any, base_dir: str = ".") -> Workload:
+    """A Workload from its YAML mapping; errors are one line naming the workload and phase."""
+    where = f"workload {name!r}"
+    data = _mapping(data, where, {"name", "qps", "phases"})
+    phases = data.get("phases")
+    if not isinstance(phases, list) or not phases:
+        raise ValueError(f"{where}: 'phases' must be a non-empty list")
+    try:
+        parsed = tuple(_parse_phase(p, i, base_dir) for i, p in enumerate(phases))
+        qps = float(data.get("qps", 1.0))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from e
+    return Workload(name, parsed, qps)
+
+
+def _parse_phase(data: Any, index: int, base_dir: str) -> Phase:
+    data = _mapping(data, f"phase {index + 1}", {"name", "share", "requests", "rate", "arrival", "lengths"})
+    name = str(data.get("name", f"phase-{index + 1}"))
+    try:
+        return Phase(name=name, arrival=_parse_arrival(data.get("arrival", "poisson")),
+                     lengths=_parse_lengths(data.get("lengths", "chat"), base_dir),
+                     share=None if data.get("share") is None else float(data["share"]),
+                     requests=None if data.get("requests") is None else int(data["requests"]),
+                     rate=float(data.get("rate", 1.0)))
+    except (TypeError, ValueError) as e:
+        raise ValueError(str(e) if str(e).startswith("phase ") else f"phase {name!r}: {e}") from e
+
+
+def _parse_arrival(data: Any) -> ArrivalProcess:
+    if isinstance(data, str):
+        data = {"process": data}
+    data = _mapping(data, "arrival", {"process", "burstiness", "from", "to"})
+    return ArrivalProcess(str(data.get("process", "poisson")), float(data.get("burstiness", 1.0)),
+                          float(data.get("from", 1.0)), float(data.get("to", 1.0)))
+
+
+LENGTH_KINDS = ("chat", "summarization", "uniform", "fixed", "lognormal", "trace")
+
+
+def _parse_lengths(data: Any, base_dir: str) -> Lengths:
+    if isinstance(data, str):
+        data = {"kind": data}
+    data = _mapping(data, "lengths", {"kind", "prompt", "output", "path", "order"})
+    kind = data.get("kind")
+    if kind in NAMED_LENGTHS:
+        return NAMED_LENGTHS[kind]
+    if kind == "trace":
+        order = data.get("order", "sample")
+        if order not in ("sample", "replay"):
+            raise ValueError(f"trace order must be sample or replay, got {order!r}")
+        if "path" not in data:
+            raise ValueError("a trace needs a path")
+        return read_trace(os.path.join(base_dir, str(data["path"])), order == "replay")
+    if kind not in LENGTH_KINDS:
+        raise ValueError(f"unknown lengths kind {kind!r} (known: {', '.join(LENGTH_KINDS)})")
+    if "prompt" not in data or "output" not in data:
+        raise ValueError(f"{kind} lengths need prompt and output")
+    return Independent(_token_dist(kind, data["prompt"], "prompt"), _token_dist(kind, data["output"], "output"))
+
+
+def _token_dist(kind: str, value: Any, what: str) -> TokenDist:
+    """fixed: N; uniform: [min, max]; lognormal: {mean, sigma, min, max}."""
+    if kind == "fixed":
+        dist: TokenDist = Fixed(int(value))
+        low = high = dist.value
+    elif kind == "uniform":
+        if not (isinstance(value, list) and len(value) == 2):
+            raise ValueError(f"uniform {what} must be [min, max]")
+        low, high = int(value[0]), int(value[1])
+        dist = Uniform(low, high)
+    else:
+        v = _mapping(value, f"lognormal {what}", {"mean", "sigma", "min", "max"})
+        if "mean" not in v:
+            raise ValueError(f"lognormal {what} needs a mean")
+        low, high = int(v.get("min", 1)), int(v.get("max", 1 << 20))
+        dist = LogNormal(float(v["mean"]), float(v.get("sigma", 0.5)), low, high)
+        if not (dist.mean > 0 and dist.sigma >= 0):
+            raise ValueError(f"lognormal {what}: mean must be > 0 and sigma >= 0")
+    if not 1 <= low <= high:
+        raise ValueError(f"{what} lengths need 1 <= min <= max, got {low}..{high}")
+    return dist
+
+
+def _mapping(data: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    unknown = set(data) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r} (allowed: {', '.join(sorted(allowed))})")
+    return data

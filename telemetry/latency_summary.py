@@ -1,0 +1,87 @@
+"""One latency/throughput summary of a finished run, shared by the bench client and the simulator.
+
+Both build RequestRecords (the bench from client-side timestamps) and call summarize_requests,
+so their JSON carries the same keys. Unlike a TelemetryWindow it sees every request of the run,
+so requests that failed or never finished count against SLO attainment and goodput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.outputs import RequestRecord
+from telemetry.window import SLO
+
+FINISHED = ("stop", "length")
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    num_requests: int
+    num_finished: int                 # finish_reason stop or length; the rest failed
+    num_failed: int
+    duration_s: float
+    ttft_mean_s: float | None         # time to first token, of finished requests
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    ttft_p99_s: float | None
+    tbt_mean_s: float | None          # gaps between consecutive streamed tokens, pooled over requests
+    tbt_p50_s: float | None
+    tbt_p90_s: float | None
+    tbt_p99_s: float | None
+    tpot_p50_s: float | None          # per request: (last token - first token) / (output tokens - 1)
+    tpot_p99_s: float | None
+    e2e_p50_s: float | None           # arrival to last token
+    e2e_p90_s: float | None
+    e2e_p99_s: float | None
+    request_throughput_rps: float     # finished requests per second of the run
+    output_tokens_per_s: float
+    prompt_tokens_per_s: float
+    goodput_rps: float                # requests per second meeting every SLO (DistServe)
+    slo_attainment: float | None      # share of all requests meeting every SLO
+    slo_ttft_s: float
+    slo_tbt_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize_requests(records: list[RequestRecord], slo: SLO, duration_s: float) -> LatencySummary:
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    done = [r for r in records if r.finish_reason in FINISHED]
+    ttft = [r.ttft_s for r in done if r.ttft_s is not None]
+    tbt = [g for r in done for g in r.tbt_s]
+    tpot = [t for t in map(_tpot, done) if t is not None]
+    e2e = [r.e2e_s for r in done]
+    met = sum(slo.met_by(r) for r in records)
+    return LatencySummary(
+        num_requests=len(records), num_finished=len(done), num_failed=len(records) - len(done),
+        duration_s=duration_s,
+        ttft_mean_s=_mean(ttft), ttft_p50_s=_pct(ttft, 50), ttft_p90_s=_pct(ttft, 90), ttft_p99_s=_pct(ttft, 99),
+        tbt_mean_s=_mean(tbt), tbt_p50_s=_pct(tbt, 50), tbt_p90_s=_pct(tbt, 90), tbt_p99_s=_pct(tbt, 99),
+        tpot_p50_s=_pct(tpot, 50), tpot_p99_s=_pct(tpot, 99),
+        e2e_p50_s=_pct(e2e, 50), e2e_p90_s=_pct(e2e, 90), e2e_p99_s=_pct(e2e, 99),
+        request_throughput_rps=len(done) / duration_s,
+        output_tokens_per_s=sum(r.num_output_tokens for r in done) / duration_s,
+        prompt_tokens_per_s=sum(r.num_prompt_tokens for r in done) / duration_s,
+        goodput_rps=met / duration_s, slo_attainment=met / len(records) if records else None,
+        slo_ttft_s=slo.ttft_s, slo_tbt_s=slo.tbt_s)
+
+
+def _tpot(r: RequestRecord) -> float | None:
+    """From the output token count, not the number of timestamps: a streamed chunk may carry several."""
+    if r.num_output_tokens < 2 or len(r.token_times) < 2:
+        return None
+    return (r.token_times[-1] - r.token_times[0]) / (r.num_output_tokens - 1)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None

@@ -1,0 +1,66 @@
+"""Capacity search against fake probes with a planted capacity."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotuner.capacity import CapacityCriteria, search_capacity
+from telemetry.latency_summary import LatencySummary
+
+
+def planted(capacity: float, calls: list[float] | None = None, failing_requests: bool = False):
+    """TTFT blows up (or requests go unfinished) above `capacity` qps."""
+
+    def probe(qps: float) -> dict:
+        if calls is not None:
+            calls.append(qps)
+        over = qps > capacity
+        return {"num_requests": 100, "num_finished": 90 if over and failing_requests else 100,
+                "ttft_p50_s": 30.0 if over and not failing_requests else 0.3, "tbt_p99_s": 0.05}
+
+    return probe
+
+
+@pytest.mark.parametrize("capacity, start", [(3.7, 1.0), (3.7, 10.0), (0.3, 1.0), (17.0, 8.0)])
+def test_finds_the_planted_capacity_within_tolerance(capacity, start):
+    calls: list[float] = []
+    result = search_capacity(planted(capacity, calls), CapacityCriteria(2.0, 0.25), start_qps=start,
+                             max_probes=8, tolerance=0.05)
+    assert len(result.probes) == len(calls) <= 8
+    assert result.capacity_qps <= capacity < result.first_failing_qps
+    assert result.first_failing_qps - result.capacity_qps <= 0.05 * result.first_failing_qps
+    assert [p.qps for p in result.probes] == calls
+    assert all(p.passed == (p.qps <= capacity) for p in result.probes)
+
+
+def test_brackets_by_doubling_then_bisects():
+    result = search_capacity(planted(3.7), start_qps=1.0, max_probes=8, tolerance=0.05)
+    assert [p.qps for p in result.probes][:3] == [1.0, 2.0, 4.0]
+    assert result.capacity_qps == pytest.approx(3.625)
+
+
+def test_unfinished_requests_fail_a_probe():
+    result = search_capacity(planted(3.7, failing_requests=True), CapacityCriteria(max_failed_fraction=0.05))
+    assert result.capacity_qps <= 3.7 < result.first_failing_qps
+    lenient = search_capacity(planted(3.7, failing_requests=True), CapacityCriteria(max_failed_fraction=0.2),
+                              max_probes=3)
+    assert lenient.first_failing_qps is None and lenient.capacity_qps == 4.0   # a lower bound only
+
+
+def test_probe_budget_is_respected_and_nothing_passing_gives_zero():
+    assert len(search_capacity(planted(1000.0), max_probes=3).probes) == 3
+    short = search_capacity(planted(17.0), start_qps=0.5, max_probes=8)    # 7 probes to bracket
+    assert len(short.probes) == 8 and short.capacity_qps <= 17.0 < short.first_failing_qps
+    result = search_capacity(planted(0.0), start_qps=1.0, max_probes=4)
+    assert result.capacity_qps == 0.0 and len(result.probes) == 4
+
+
+def test_accepts_latency_summaries_and_validates():
+    summary = LatencySummary(**{k: 0.1 for k in LatencySummary.__dataclass_fields__} | {
+        "num_requests": 10, "num_finished": 10, "num_failed": 0})
+    result = search_capacity(lambda qps: summary, max_probes=2)
+    assert result.probes[0].summary["num_finished"] == 10 and result.as_dict()["capacity_qps"] == 2.0
+    with pytest.raises(ValueError, match="max_probes"):
+        search_capacity(planted(1.0), max_probes=0)
+    with pytest.raises(ValueError, match="start_qps"):
+        search_capacity(planted(1.0), start_qps=0)
