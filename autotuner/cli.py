@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from autotuner import cli_tuning
 from engine.errors import EngineError
 
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop when the passing and failing rates are this close, relatively (default 0.05)")
     cap.add_argument("--max-failed-fraction", type=float, default=0.0,
                      help="a probe with more failed or unfinished requests fails (default 0)")
+    cli_tuning.add_parsers(sub)
     srv = sub.add_parser("serve", help="run the OpenAI-compatible daemon (the default command)")
     add_serve_arguments(srv)
     add_serve_arguments(parser)   # `autotuned-serve` alone serves with these
@@ -199,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             run_bench_command(args)
         elif args.command == "capacity":
             run_capacity_command(args)
+        elif cli_tuning.run(args):
+            pass
         else:
             run_serve(args)
         return 0

@@ -219,10 +219,7 @@ class LLMEngine:
         self.scheduler.finish(request, reason)
         self.runner.sampler.forget(request.request_id)
         if self.finish_listeners:
-            t = request.timings
-            record = RequestRecord(request.request_id, t.arrival, t.first_token, t.finished, tuple(t.token_times),
-                                   request.num_prompt_tokens, request.num_output_tokens, request.params.max_tokens,
-                                   reason.value, request.num_preemptions)
+            record = request_record(request)
             for listener in self.finish_listeners:
                 listener(record)
 
@@ -239,20 +236,30 @@ class LLMEngine:
 
     def _emit_record(self, result: ScheduleResult, num_sampled: int, start: float, duration: float,
                      schedule_s: float, timing: StepTiming) -> None:
-        decodes = sum(1 for s in result.scheduled if s.num_tokens == 1 and s.context_len >= s.request.num_prompt_tokens)
-        tokens = sum(s.num_tokens for s in result.scheduled)
-        record = StepRecord(
-            step=self._step, start=start, duration_s=duration, num_prefill_tokens=tokens - decodes,
-            num_decode_tokens=decodes, num_prefill_seqs=len(result.scheduled) - decodes,
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_preempted=result.num_preempted, kv_usage=self.block_manager.usage,
-            context_tokens=sum(s.context_len + s.num_tokens for s in result.scheduled),
-            attended_pairs=sum(s.num_tokens * s.context_len + s.num_tokens * (s.num_tokens + 1) // 2
-                               for s in result.scheduled),
-            num_sampled=num_sampled,
-            prepare_s=timing.prepare_s, forward_s=timing.forward_s, sample_s=timing.sample_s,
-            schedule_s=schedule_s, policy=result.policy, knobs_version=result.knobs.version)
+        record = step_record(self._step, result, self.scheduler, num_sampled, start, duration, schedule_s, timing)
         self._step += 1
         self.last_record = record
         for listener in self.step_listeners:
             listener(record)
+
+
+def step_record(step: int, result: ScheduleResult, scheduler: Scheduler, num_sampled: int, start: float,
+                duration: float, schedule_s: float, timing: StepTiming) -> StepRecord:
+    """The step's facts for telemetry (shared with the simulator, which predicts `timing`)."""
+    decodes = result.num_decode_tokens
+    return StepRecord(
+        step=step, start=start, duration_s=duration, num_prefill_tokens=result.num_tokens - decodes,
+        num_decode_tokens=decodes, num_prefill_seqs=len(result.scheduled) - decodes,
+        num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+        num_preempted=result.num_preempted, kv_usage=scheduler.blocks.usage,
+        context_tokens=result.context_tokens, attended_pairs=result.attended_pairs, num_sampled=num_sampled,
+        prepare_s=timing.prepare_s, forward_s=timing.forward_s, sample_s=timing.sample_s,
+        schedule_s=schedule_s, policy=result.policy, knobs_version=result.knobs.version)
+
+
+def request_record(request: Request) -> RequestRecord:
+    """A finished request's timings and sizes for telemetry."""
+    t = request.timings
+    return RequestRecord(request.request_id, t.arrival, t.first_token, t.finished, tuple(t.token_times),
+                         request.num_prompt_tokens, request.num_output_tokens, request.params.max_tokens,
+                         request.finish_reason.value, request.num_preemptions)

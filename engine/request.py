@@ -47,18 +47,19 @@ class Request:
     num_preemptions: int = 0
     output_text: str = ""
     timings: RequestTimings = field(init=False)
+    # plain attributes, not properties: policies read them for every request on every step
+    num_prompt_tokens: int = field(init=False)
+    max_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.timings = RequestTimings(self.arrival_time)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.max_tokens = self.params.max_tokens
 
     # -- the read-only view policies see (policies.view.SequenceState) --
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self.num_prompt_tokens + len(self.output_token_ids)
 
     @property
     def num_blocks(self) -> int:
@@ -67,10 +68,6 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
-
-    @property
-    def max_tokens(self) -> int:
-        return self.params.max_tokens
 
     @property
     def is_finished(self) -> bool:

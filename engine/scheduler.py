@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.block_manager import BlockManager
@@ -29,6 +30,11 @@ class ScheduledRequest:
         """This chunk reaches the last known token, so the step yields a new token for it."""
         return self.context_len + self.num_tokens == self.request.num_tokens
 
+    @property
+    def is_decode(self) -> bool:
+        """One new token past a fully computed prompt (a resumed request recomputes as a prefill)."""
+        return self.num_tokens == 1 and self.context_len >= self.request.num_prompt_tokens
+
 
 @dataclass(frozen=True)
 class ScheduleResult:
@@ -36,11 +42,32 @@ class ScheduleResult:
     num_preempted: int
     knobs: Knobs
     policy: str
+    # what the step computes, for step records and the cost model
+    num_decode_tokens: int = 0
+    num_tokens: int = 0
+    context_tokens: int = 0             # tokens attended to (KV read), summed over sequences
+    attended_pairs: int = 0             # (query, key) pairs: each new token sees the context and the chunk up to itself
+    num_sampled: int = 0                # sequences whose chunk reaches their last token: they yield a token
+
+    @staticmethod
+    def of(scheduled: list[ScheduledRequest], num_preempted: int, knobs: Knobs, policy: str) -> ScheduleResult:
+        scheduled.sort(key=lambda s: not s.is_decode)
+        decodes = tokens = context = pairs = sampled = 0
+        for s in scheduled:
+            n, c = s.num_tokens, s.context_len
+            decodes += s.is_decode
+            tokens += n
+            context += c + n
+            pairs += n * c + n * (n + 1) // 2
+            sampled += s.samples
+        return ScheduleResult(scheduled, num_preempted, knobs, policy, decodes, tokens, context, pairs, sampled)
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, policy: str = "sarathi", knobs: Knobs | None = None) -> None:
+    def __init__(self, block_manager: BlockManager, policy: str = "sarathi", knobs: Knobs | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.blocks = block_manager
+        self.clock = clock              # the simulator passes its virtual clock
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.policy: Policy = get_policy(policy)
@@ -49,6 +76,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self.num_preemptions = 0
         self.num_steps = 0
+        self._by_id: dict[str, Request] = {}   # every unfinished request, for applying plans by id
 
     # -- changes from other threads, applied at the next step boundary --
     def set_knobs(self, knobs: Knobs) -> None:
@@ -60,6 +88,10 @@ class Scheduler:
         with self._lock:
             self._pending = (policy, self._pending[1])
 
+    @property
+    def has_pending_change(self) -> bool:
+        return self._pending != (None, None)
+
     def _apply_pending(self) -> None:
         with self._lock:
             policy, knobs = self._pending
@@ -70,6 +102,7 @@ class Scheduler:
     # -- queues --
     def add(self, request: Request) -> None:
         self.waiting.append(request)
+        self._by_id[request.request_id] = request
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -83,9 +116,10 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self._release(request)
+        del self._by_id[request.request_id]
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
-        request.timings.finished = time.monotonic()
+        request.timings.finished = self.clock()
 
     def _release(self, request: Request) -> None:
         self.blocks.free(request.block_table)
@@ -96,12 +130,11 @@ class Scheduler:
     def schedule(self) -> ScheduleResult:
         self._apply_pending()
         view = SchedulerView(self.running, self.waiting, self.blocks.num_free_blocks, self.blocks.num_blocks,
-                             self.blocks.block_size, time.monotonic(), self.num_steps)
+                             self.blocks.block_size, self.clock(), self.num_steps)
         self.num_steps += 1
         plan = self.policy.plan(view, self.knobs)
         self._check(plan)
-        by_id = {r.request_id: r for r in self.running}
-        by_id.update((r.request_id, r) for r in self.waiting)
+        by_id = self._by_id
         self._preempt([by_id[i] for i in plan.preempted])
         self._admit([by_id[i] for i in plan.admitted])
         scheduled = []
@@ -110,8 +143,7 @@ class Scheduler:
             context = request.num_computed_tokens
             self.blocks.grow(request.block_table, context + chunk.num_tokens)
             scheduled.append(ScheduledRequest(request, chunk.num_tokens, context))
-        scheduled.sort(key=lambda s: not (s.num_tokens == 1 and s.context_len >= s.request.num_prompt_tokens))
-        return ScheduleResult(scheduled, len(plan.preempted), self.knobs, self.policy.name)
+        return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name)
 
     def _check(self, plan: BatchPlan) -> None:
         """Plans are trusted to be frugal, but a broken one must fail loudly, not corrupt the cache."""
@@ -139,7 +171,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             if request.timings.first_scheduled is None:
-                request.timings.first_scheduled = time.monotonic()
+                request.timings.first_scheduled = self.clock()
 
     def commit(self, result: ScheduleResult) -> None:
         """The step ran: its tokens are now in the KV cache."""

@@ -1,0 +1,99 @@
+"""Command-line subcommands around the cost model: calibrate, simulate (and the tuner's, added beside)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DEFAULT_STATE_DIR = "state"
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    cal = sub.add_parser("calibrate", help="profile the engine over a grid of step shapes and fit its cost model")
+    cal.add_argument("--model", default=None, help="a .gguf, an HF directory or a preset (default: bundled SmolLM2)")
+    cal.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    cal.add_argument("--kv-cache-memory-mb", type=float, default=512.0, help="KV pool, as the daemon's (default 512)")
+    cal.add_argument("--points", type=int, default=120, help="grid points measured (default 120)")
+    cal.add_argument("--repeats", type=int, default=3, help="timed runs per point; the median is kept (default 3)")
+    cal.add_argument("--holdout", type=float, default=0.2, help="share of points kept out of the fit (default 0.2)")
+    cal.add_argument("--out", default=None, help="cost model file (default STATE_DIR/cost_models/MODEL-DTYPE-DEVICE.json)")
+    cal.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+
+    sim = sub.add_parser("simulate", help="run a workload through the simulator and print its JSON summary")
+    sim.add_argument("--workload", default="chat", help="a preset in configs/workloads.yaml or a YAML file")
+    sim.add_argument("--qps", type=float, default=None, help="base request rate (default: the workload's)")
+    sim.add_argument("--requests", type=int, default=1000, help="requests (default 1000)")
+    sim.add_argument("--policy", default="sarathi", help="scheduling policy (see `autotuned-serve policies`)")
+    sim.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="a knob value (repeatable)")
+    sim.add_argument("--cost-model", default=None, help="cost model file (default: the state dir's, else shipped)")
+    sim.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--slo-ttft-s", type=float, default=2.0)
+    sim.add_argument("--slo-tbt-s", type=float, default=0.25)
+
+
+def parse_knobs(pairs: list[str]) -> dict[str, object]:
+    """NAME=VALUE pairs with each value typed by its knob's spec."""
+    from policies.knobs import KNOB_SPECS
+
+    knobs: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in KNOB_SPECS:
+            raise ValueError(f"--knob {pair!r}: expected NAME=VALUE with NAME one of {', '.join(KNOB_SPECS)}")
+        kind = KNOB_SPECS[name].kind
+        try:
+            knobs[name] = kind(float(value)) if kind is int else kind(value)
+        except ValueError:
+            raise ValueError(f"--knob {pair!r}: {value!r} is not a {kind.__name__}") from None
+    return knobs
+
+
+def run_calibrate(args: argparse.Namespace) -> None:
+    from autotuner.calibrate import calibrate, default_cost_model_path
+    from engine import EngineConfig, LLMEngine
+
+    if args.points < 10 or args.repeats < 1 or not 0 <= args.holdout < 0.9:
+        raise ValueError("--points must be >= 10, --repeats >= 1 and --holdout in [0, 0.9)")
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory_mb=args.kv_cache_memory_mb))
+    model = calibrate(engine, args.points, args.repeats, args.holdout)
+    path = model.save(args.out or default_cost_model_path(args.state_dir, model.model, model.dtype, model.device))
+    print(json.dumps({"path": str(path), "coefficients": model.coefficients, "fit_mape": model.fit_mape,
+                      "holdout_mape": model.holdout_mape, "num_samples": model.num_samples}, indent=2))
+
+
+def run_simulate(args: argparse.Namespace) -> None:
+    import time
+
+    from autotuner.simulation import find_cost_model, simulate
+    from autotuner.workload import generate, load_workload
+    from policies import Knobs, get_policy
+    from telemetry.window import SLO
+
+    if args.requests < 1 or (args.qps is not None and not args.qps > 0):
+        raise ValueError("--requests must be >= 1 and --qps > 0")
+    get_policy(args.policy)
+    knobs = Knobs().replace(**parse_knobs(args.knob))
+    specs = generate(load_workload(args.workload), qps=args.qps, num_requests=args.requests, seed=args.seed)
+    cost = find_cost_model(args.cost_model, args.state_dir)
+    start = time.perf_counter()
+    run = simulate(specs, cost, args.policy, knobs, SLO(args.slo_ttft_s, args.slo_tbt_s))
+    result = {"workload": args.workload, "qps": args.qps, "policy": args.policy,
+              "knobs": {k: v for k, v in knobs.as_dict().items() if k != "version"}, **run.summary.as_dict(),
+              "num_steps": run.num_steps, "num_rejected": run.num_rejected,
+              "wall_s": round(time.perf_counter() - start, 3)}
+    print(json.dumps(result, indent=2))
+
+
+COMMANDS = {"calibrate": run_calibrate, "simulate": run_simulate}
+
+
+def run(args: argparse.Namespace) -> bool:
+    """Run the subcommand if it is one of this module's; False if not."""
+    command = COMMANDS.get(args.command)
+    if command is None:
+        return False
+    command(args)
+    sys.stdout.flush()
+    return True

@@ -1,0 +1,55 @@
+"""Running a workload through the simulator: the cost model to use and a one-call what-if run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotuner.workload import RequestSpec
+from engine.cost_model import CostModel
+from engine.outputs import RequestRecord
+from engine.simulator import Simulator
+from policies import Knobs
+from telemetry.latency_summary import LatencySummary, summarize_requests
+from telemetry.window import SLO
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+# Fitted on the development machine (2-core EPYC, fp32) by `autotuned-serve calibrate`; the state
+# dir's own calibration replaces it.
+SHIPPED_COST_MODEL = CONFIGS / "cost_models" / "smollm2-135m-instruct-fp32-cpu.json"
+
+
+def find_cost_model(path: str | None = None, state_dir: str | None = None) -> CostModel:
+    """An explicit file, else the newest calibration in the state dir, else the shipped one."""
+    if path:
+        return CostModel.load(path)
+    calibrated = sorted(Path(state_dir).glob("cost_models/*.json"), key=os.path.getmtime) if state_dir else []
+    return CostModel.load(calibrated[-1] if calibrated else SHIPPED_COST_MODEL)
+
+
+@dataclass
+class SimulatedRun:
+    records: list[RequestRecord]
+    summary: LatencySummary
+    num_steps: int
+    num_rejected: int
+
+
+def make_simulator(cost: CostModel, policy: str, knobs: Knobs) -> Simulator:
+    return Simulator(cost, cost.kv_blocks, cost.block_size, policy, knobs)
+
+
+def simulate(specs: list[RequestSpec], cost: CostModel, policy: str = "sarathi", knobs: Knobs | None = None,
+             slo: SLO | None = None) -> SimulatedRun:
+    """Every request through to its end; rates are over first arrival to last finish."""
+    sim = make_simulator(cost, policy, knobs or Knobs())
+    records: list[RequestRecord] = []
+    sim.finish_listeners.append(records.append)
+    sim.submit(specs)
+    sim.run()
+    duration = max(sim.now - (specs[0].arrival_s if specs else 0.0), 1e-9)
+    rejected = [RequestRecord(f"rejected-{i}", 0.0, None, 0.0, (), 0, 0, 0, "error", 0)
+                for i in range(sim.num_rejected)]
+    return SimulatedRun(records, summarize_requests(records + rejected, slo or SLO(), duration),
+                        sim.num_steps, sim.num_rejected)

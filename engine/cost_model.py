@@ -1,0 +1,117 @@
+"""A per-step time model fitted to measured steps, in the spirit of Vidur and Sarathi-Serve.
+
+    t = c + a * tokens + m * max(0, tokens_floor - tokens) + s * sampled
+          + k * context_tokens + p * attended_pairs + q * sequences
+
+`tokens` (prefill + decode) drive the linear layers; small steps cost at least the time to stream
+the weights, hence the floor term; `sampled` rows go through the LM head; `context_tokens` is KV
+read, `attended_pairs` attention arithmetic (a chunk's quadratic term), `sequences` the per-sequence
+bookkeeping. Coefficients are fitted by non-negative least squares on relative error, so a cheap
+decode step weighs as much as an expensive prefill step. The simulator calls `predict` once per
+step, so it is plain Python arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import nnls
+
+from engine.outputs import StepRecord
+from engine.scheduler import ScheduleResult
+
+FEATURES = ("constant", "tokens", "below_floor", "sampled", "context_tokens", "attended_pairs", "sequences")
+TOKENS_FLOOR = 64   # below this many tokens a step costs about as much as at the floor (weights streamed once)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step computes; the same numbers a StepRecord carries."""
+
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_sampled: int
+    context_tokens: int
+    attended_pairs: int
+    num_seqs: int
+
+    @staticmethod
+    def of(record: StepRecord) -> StepShape:
+        return StepShape(record.num_prefill_tokens, record.num_decode_tokens, record.num_sampled,
+                         record.context_tokens, record.attended_pairs,
+                         record.num_prefill_seqs + record.num_decode_tokens)
+
+    @staticmethod
+    def of_schedule(result: ScheduleResult) -> StepShape:
+        decodes = result.num_decode_tokens
+        return StepShape(result.num_tokens - decodes, decodes, result.num_sampled, result.context_tokens,
+                         result.attended_pairs, len(result.scheduled))
+
+    def features(self) -> tuple[float, ...]:
+        tokens = self.num_prefill_tokens + self.num_decode_tokens
+        return (1.0, tokens, max(0, TOKENS_FLOOR - tokens), self.num_sampled, self.context_tokens,
+                self.attended_pairs, self.num_seqs)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    coefficients: tuple[float, ...]          # one per FEATURES entry, seconds per unit
+    model: str = ""
+    dtype: str = ""
+    device: str = ""
+    kv_blocks: int = 0                       # the calibrated engine's KV pool, which the simulator copies
+    block_size: int = 16
+    fit_mape: float | None = None            # on the steps it was fitted to
+    holdout_mape: float | None = None        # on steps kept out of the fit
+    num_samples: int = 0
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def predict(self, shape: StepShape) -> float:
+        return sum(c * f for c, f in zip(self.coefficients, shape.features()))
+
+    def mape(self, shapes: list[StepShape], seconds: list[float]) -> float:
+        predicted = np.array([self.predict(s) for s in shapes])
+        actual = np.asarray(seconds)
+        return float(np.mean(np.abs(predicted - actual) / actual))
+
+    # -- persistence: one JSON file per model/dtype/device --
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = asdict(self) | {"features": list(FEATURES)}
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> CostModel:
+        try:
+            data = json.loads(Path(path).read_text())
+            if data.pop("features") != list(FEATURES):
+                raise ValueError("it was fitted with other features; run `autotuned-serve calibrate` again")
+            data["coefficients"] = tuple(data["coefficients"])
+            return CostModel(**data)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"cannot read cost model {path}: {e}") from e
+
+
+def fit_cost_model(shapes: list[StepShape], seconds: list[float], holdout_fraction: float = 0.0,
+                   seed: int = 0, **meta) -> CostModel:
+    """Non-negative least squares on relative error; optionally keeps a random share out to report MAPE on."""
+    if len(shapes) != len(seconds) or len(shapes) < len(FEATURES):
+        raise ValueError(f"need at least {len(FEATURES)} measured steps to fit a cost model, got {len(shapes)}")
+    order = np.random.default_rng(seed).permutation(len(shapes))
+    num_holdout = int(len(shapes) * holdout_fraction)
+    held, used = order[:num_holdout], order[num_holdout:]
+    x = np.array([shapes[i].features() for i in used], dtype=float)
+    y = np.array([seconds[i] for i in used], dtype=float)
+    scale = x.max(axis=0)
+    scale[scale == 0] = 1.0
+    weights = 1.0 / y                      # relative error: divide each row by its own time
+    coef, _ = nnls(x / scale * weights[:, None], y * weights)
+    model = CostModel(tuple(float(c) for c in coef / scale), num_samples=len(used), **meta)
+    fit_mape = model.mape([shapes[i] for i in used], list(y))
+    holdout = model.mape([shapes[i] for i in held], [seconds[i] for i in held]) if num_holdout else None
+    return CostModel(model.coefficients, fit_mape=fit_mape, holdout_mape=holdout, num_samples=len(used), **meta)

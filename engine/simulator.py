@@ -1,0 +1,168 @@
+"""A discrete-event run of the real scheduler, policies and KV block manager, with a cost model in
+place of the forward pass.
+
+Each step asks the same Scheduler (and so the same policy code) for a plan, advances a virtual
+clock by the cost model's prediction for that step's shape, and emits the same StepRecords and
+RequestRecords as the real engine, so telemetry windows, client metrics and the controller see a
+simulated run exactly as they see a live one. Requests generate exactly their `output_tokens`
+(like a benchmark client sending ignore_eos).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from engine.block_manager import BlockManager
+from engine.cost_model import CostModel, StepShape
+from engine.llm_engine import request_record, step_record
+from engine.model_runner import StepTiming
+from engine.outputs import RequestRecord, StepRecord
+from engine.request import FinishReason, Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduleResult, Scheduler
+from policies import Knobs
+
+IDLE_TICK_S = 0.001   # how far the clock moves when a policy schedules nothing while work waits
+
+
+class RequestLike(Protocol):
+    """What the simulator reads of a workload item (autotuner.workload.RequestSpec has it)."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+class Simulator:
+    def __init__(self, cost: CostModel, num_blocks: int, block_size: int = 16, policy: str = "sarathi",
+                 knobs: Knobs | None = None, coast: bool = True) -> None:
+        self.cost = cost
+        self.coast = coast    # replay pure-decode stretches without asking the policy (same result, faster)
+        self.now = 0.0
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.scheduler = Scheduler(self.blocks, policy, knobs, clock=lambda: self.now)
+        self.step_listeners: list[Callable[[StepRecord], None]] = []
+        self.finish_listeners: list[Callable[[RequestRecord], None]] = []
+        self.arrival_listeners: list[Callable[[Request], None]] = []
+        self.num_steps = 0
+        self.num_rejected = 0
+        self._pending: deque[RequestLike] = deque()
+        self._ids = 0
+
+    # -- workload --
+    def submit(self, items: Iterable[RequestLike]) -> None:
+        """Queue future arrivals (in arrival order, after any already queued)."""
+        self._pending.extend(sorted(items, key=lambda r: r.arrival_s))
+
+    @property
+    def done(self) -> bool:
+        return not self._pending and not self.scheduler.has_work()
+
+    def _arrive(self, item: RequestLike) -> None:
+        # prompt ids are never read: a range has the right length and costs nothing
+        params = SamplingParams(max_tokens=item.output_tokens, ignore_eos=True)
+        request = Request(f"sim-{self._ids}", range(item.prompt_tokens), params, item.arrival_s)  # type: ignore[arg-type]
+        self._ids += 1
+        for listener in self.arrival_listeners:
+            listener(request)
+        if self.blocks.blocks_for(item.prompt_tokens + item.output_tokens) > self.blocks.num_blocks:
+            self.num_rejected += 1     # the engine answers such a request with a 400
+            return
+        self.scheduler.add(request)
+
+    # -- time --
+    def run_until(self, t_end: float) -> None:
+        """Advance the virtual clock to `t_end` (a step that starts before it may end after it)."""
+        while self.now < t_end:
+            self._advance(t_end)
+
+    def run(self) -> None:
+        """Until every submitted request has finished."""
+        while not self.done:
+            self._advance(float("inf"))
+
+    def _advance(self, t_end: float) -> None:
+        """Admit the arrivals due by now, then run one step, or jump to the next arrival."""
+        while self._pending and self._pending[0].arrival_s <= self.now:
+            self._arrive(self._pending.popleft())
+        if self.scheduler.has_work():
+            self.step(t_end)
+        else:
+            self.now = min(t_end, self._pending[0].arrival_s) if self._pending else t_end
+
+    def step(self, t_end: float = float("inf")) -> None:
+        start = self.now
+        result = self.scheduler.schedule()
+        if not result.scheduled:
+            self.now += IDLE_TICK_S
+            return
+        duration = self.cost.predict(StepShape.of_schedule(result))
+        self.now += duration
+        self.scheduler.commit(result)
+        sampling = [s.request for s in result.scheduled if s.samples]
+        for request in sampling:
+            self._emit_token(request)
+        record = step_record(self.num_steps, result, self.scheduler, len(sampling), start, duration, 0.0,
+                             StepTiming(0.0, duration, 0.0))
+        self.num_steps += 1
+        for listener in self.step_listeners:
+            listener(record)
+        if self.coast and self._steady(result):
+            self._coast(record, t_end)
+
+    def _steady(self, result: ScheduleResult) -> bool:
+        """Every running request just decoded and nothing waits: until an arrival, a finish, a knob
+        change or a new KV block is needed, every policy plans this same all-decode step again."""
+        s = self.scheduler
+        return (not s.waiting and not result.num_preempted and not s.has_pending_change
+                and len(result.scheduled) == len(s.running) and result.num_decode_tokens == len(s.running))
+
+    def _coast(self, record: StepRecord, t_end: float) -> None:
+        running = self.scheduler.running
+        steps_left = min(r.params.max_tokens - r.num_output_tokens for r in running) - 1  # a finish runs a real step
+        next_arrival = self._pending[0].arrival_s if self._pending else float("inf")
+        batch = len(running)
+        shape = StepShape(0, batch, batch, record.context_tokens, record.attended_pairs, batch)
+        for _ in range(steps_left):
+            if self.now >= min(next_arrival, t_end) or not self._grow_for_next_token(running):
+                return
+            shape = dataclasses.replace(shape, context_tokens=shape.context_tokens + batch,
+                                        attended_pairs=shape.attended_pairs + batch)
+            start, duration = self.now, self.cost.predict(shape)
+            self.now += duration
+            for request in running:
+                request.num_computed_tokens += 1
+                request.output_token_ids.append(0)
+                request.timings.token_times.append(self.now)
+            self.scheduler.num_steps += 1
+            record = dataclasses.replace(record, step=self.num_steps, start=start, duration_s=duration,
+                                         forward_s=duration, context_tokens=shape.context_tokens,
+                                         attended_pairs=shape.attended_pairs)
+            self.num_steps += 1
+            for listener in self.step_listeners:
+                listener(record)
+
+    def _grow_for_next_token(self, running: list[Request]) -> bool:
+        """Give each request the KV block its next token needs; False (nothing taken) if they do not
+        all fit, which is where the policy would preempt."""
+        capacity = self.blocks.block_size
+        short = [r for r in running if r.num_computed_tokens + 1 > len(r.block_table) * capacity]
+        if len(short) > self.blocks.num_free_blocks:
+            return False
+        for request in short:
+            self.blocks.grow(request.block_table, request.num_computed_tokens + 1)
+        return True
+
+    def _emit_token(self, request: Request) -> None:
+        request.output_token_ids.append(0)
+        timings = request.timings
+        timings.first_token = timings.first_token or self.now
+        timings.token_times.append(self.now)
+        if request.num_output_tokens >= request.params.max_tokens:
+            self.scheduler.finish(request, FinishReason.LENGTH)
+            record = request_record(request)
+            for listener in self.finish_listeners:
+                listener(record)
