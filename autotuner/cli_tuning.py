@@ -31,6 +31,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--slo-ttft-s", type=float, default=2.0)
     sim.add_argument("--slo-tbt-s", type=float, default=0.25)
+    add_report_parser(sub)
 
 
 def parse_knobs(pairs: list[str]) -> dict[str, object]:
@@ -86,7 +87,34 @@ def run_simulate(args: argparse.Namespace) -> None:
     print(json.dumps(result, indent=2))
 
 
-COMMANDS = {"calibrate": run_calibrate, "simulate": run_simulate}
+def add_report_parser(sub: argparse._SubParsersAction) -> None:
+    rep = sub.add_parser("report", help="write the tuning report (per regime: trials, chosen knobs, before/after)")
+    rep.add_argument("--format", default="html", choices=["html", "json", "csv"], help="default html")
+    rep.add_argument("--out", required=True, help="output file; - writes json or csv to stdout")
+    rep.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+
+
+def run_report(args: argparse.Namespace) -> None:
+    import os
+
+    from autotuner.report import build_report
+    from autotuner.report_render import RENDERERS
+
+    if args.out == "-" and args.format == "html":
+        raise ValueError("--out - writes json or csv; give a file path for the html report")
+    report = build_report(args.state_dir)
+    text = RENDERERS[args.format](report)
+    if args.out == "-":
+        sys.stdout.write(text)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(json.dumps({"path": args.out, "format": args.format, "regimes": len(report.regimes),
+                      "trials": sum(r.counts.total for r in report.regimes), "decisions": len(report.timeline)}))
+
+
+COMMANDS = {"calibrate": run_calibrate, "simulate": run_simulate, "report": run_report}
 
 
 def run(args: argparse.Namespace) -> bool:
