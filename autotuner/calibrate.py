@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 DECODE_BATCHES = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 DECODE_CONTEXTS = (32, 128, 512, 1024, 2048)
-CHUNKS = (0, 1, 8, 32, 64, 128, 256, 512, 1024, 2048)
+CHUNKS = (0, 1, 8, 32, 64, 128, 256, 512, 1024)   # larger chunks only extend the linear, compute-bound regime
 CHUNK_CONTEXTS = (0, 256, 1024, 3072)
 
 

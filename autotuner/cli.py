@@ -164,7 +164,8 @@ def run_serve(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_daemon(DaemonConfig(settings.engine_config(), settings.api_config(served_model_name(settings.model)),
                             settings.host, settings.port, settings.grace_s, settings.slo_values(),
-                            settings.peak_flops, settings.peak_bandwidth))
+                            settings.peak_flops, settings.peak_bandwidth, tune=settings.tune,
+                            state_dir=settings.state_dir))
 
 
 def served_model_name(model: str | None) -> str:

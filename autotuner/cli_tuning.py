@@ -32,6 +32,29 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--slo-ttft-s", type=float, default=2.0)
     sim.add_argument("--slo-tbt-s", type=float, default=0.25)
     add_report_parser(sub)
+    add_tune_parsers(sub)
+
+
+def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
+    tune = sub.add_parser("tune", help="run the online tuner against the simulator (what-if analysis) and "
+                          "compare it with static configurations")
+    tune.add_argument("--simulate", action="store_true", required=True,
+                      help="required: the live daemon tunes itself (see `autotuned-serve tuner`)")
+    tune.add_argument("--workload", default="shift", help="a preset in configs/workloads.yaml or a YAML file "
+                      "(default shift: chat -> summarization -> chat)")
+    tune.add_argument("--duration", type=float, default=3600.0, help="simulated seconds of arrivals (default 3600)")
+    tune.add_argument("--qps", type=float, default=None, help="base request rate (default: the workload's)")
+    tune.add_argument("--cost-model", default=None, help="cost model file (default: the state dir's, else shipped)")
+    tune.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where the tuner keeps its studies (default state)")
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument("--slo-ttft-s", type=float, default=2.0)
+    tune.add_argument("--slo-tbt-s", type=float, default=0.25)
+
+    ctl = sub.add_parser("tuner", help="pause, resume or pin a running daemon's tuner, or show its status")
+    ctl.add_argument("action", choices=["status", "pause", "resume", "pin"])
+    ctl.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="for pin (repeatable)")
+    ctl.add_argument("--url", default="http://127.0.0.1:8000", help="the daemon (default http://127.0.0.1:8000)")
+    ctl.add_argument("--api-key", default=None, help="admin key (default: AUTOTUNED_SERVE_API_KEY)")
 
 
 def parse_knobs(pairs: list[str]) -> dict[str, object]:
@@ -87,6 +110,48 @@ def run_simulate(args: argparse.Namespace) -> None:
     print(json.dumps(result, indent=2))
 
 
+def run_tune(args: argparse.Namespace) -> None:
+    import time
+
+    from autotuner.controller import ControllerSettings
+    from autotuner.sim_tuning import compare
+    from autotuner.simulation import find_cost_model
+    from autotuner.workload import generate, load_workload
+    from telemetry.window import SLO
+
+    if not args.duration > 0 or (args.qps is not None and not args.qps > 0):
+        raise ValueError("--duration and --qps must be > 0")
+    specs = generate(load_workload(args.workload), qps=args.qps, duration_s=args.duration, seed=args.seed)
+    if not specs:
+        raise ValueError("the workload produced no requests; raise --duration or --qps")
+    start = time.perf_counter()
+    result = compare(specs, find_cost_model(args.cost_model, args.state_dir), args.state_dir,
+                     SLO(args.slo_ttft_s, args.slo_tbt_s), ControllerSettings.load(), args.seed)
+    print(json.dumps({"workload": args.workload, **result, "wall_s": round(time.perf_counter() - start, 1)},
+                     indent=2, default=str))
+
+
+def run_tuner_control(args: argparse.Namespace) -> None:
+    import os
+
+    import httpx
+
+    key = args.api_key or os.environ.get("AUTOTUNED_SERVE_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    url = f"{args.url.rstrip('/')}/admin/tuning"
+    try:
+        if args.action == "status":
+            response = httpx.get(url, headers=headers, timeout=10)
+        else:
+            body = {"knobs": parse_knobs(args.knob)} if args.action == "pin" else {}
+            response = httpx.post(f"{url}/{args.action}", json=body, headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot reach the daemon at {args.url}: {e}") from None
+    if response.status_code != 200:
+        raise ValueError(f"the daemon answered {response.status_code}: {response.text.strip()[:300]}")
+    print(json.dumps(response.json(), indent=2))
+
+
 def add_report_parser(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help="write the tuning report (per regime: trials, chosen knobs, before/after)")
     rep.add_argument("--format", default="html", choices=["html", "json", "csv"], help="default html")
@@ -114,7 +179,8 @@ def run_report(args: argparse.Namespace) -> None:
                       "trials": sum(r.counts.total for r in report.regimes), "decisions": len(report.timeline)}))
 
 
-COMMANDS = {"calibrate": run_calibrate, "simulate": run_simulate, "report": run_report}
+COMMANDS = {"calibrate": run_calibrate, "simulate": run_simulate, "tune": run_tune, "tuner": run_tuner_control,
+            "report": run_report}
 
 
 def run(args: argparse.Namespace) -> bool:

@@ -18,6 +18,7 @@ from telemetry.model_cost import ModelCost
 from telemetry.prometheus import PrometheusMetrics
 from telemetry.window import SLO, Arrival, TelemetryWindow
 from autotuner.admin_api import add_admin_routes
+from autotuner.tuner_service import TunerService
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ class DaemonConfig:
     peak_flops: float | None = None           # device peaks for MFU/MBU; probed at start-up when unset
     peak_bandwidth: float | None = None
     utilisation_window_s: float = 10.0
+    tune: bool = True                         # run the online controller beside the engine
+    state_dir: str = "state"                  # tuner studies, decisions, calibrated cost models
 
 
 class Telemetry:
@@ -74,17 +77,29 @@ class Telemetry:
         self.metrics.set_utilisation(summary.mfu, summary.mbu)
 
 
-def extra_routes(telemetry: Telemetry):
+def extra_routes(telemetry: Telemetry, tuner: TunerService | None = None):
     def add(app: FastAPI, state: ServerState) -> None:
         @app.get("/metrics")
         async def metrics() -> Response:
             return Response(telemetry.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-        add_admin_routes(app, state, telemetry.window)
+        add_admin_routes(app, state, telemetry.window, tuner)
     return add
 
 
 def run_daemon(config: DaemonConfig) -> None:
     telemetry = Telemetry(config)
-    serve(lambda: telemetry.attach(LLMEngine(config.engine)), config.api, config.host, config.port, config.grace_s,
-          extra_routes(telemetry))
+    tuner = (TunerService(config.state_dir, config.slo, telemetry.metrics.registry, config.engine.max_token_budget)
+             if config.tune else None)
+
+    def load() -> LLMEngine:
+        engine = telemetry.attach(LLMEngine(config.engine))
+        if tuner:
+            tuner.start(engine, telemetry.window)
+        return engine
+
+    try:
+        serve(load, config.api, config.host, config.port, config.grace_s, extra_routes(telemetry, tuner))
+    finally:
+        if tuner:
+            tuner.stop()

@@ -49,7 +49,7 @@ class LLMEngine:
         self.tokenizer: Tokenizer = load_tokenizer(kind, location, mc.vocab_size, mc.eos_token_ids)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)))
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
-        self._check_knobs(config.knobs)
+        self.check_knobs(config.knobs)
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs)
@@ -140,11 +140,11 @@ class LLMEngine:
     def set_knobs(self, **changes) -> Knobs:
         """Validated now, applied at the next step boundary; the current knobs stay on error."""
         knobs = self.scheduler.knobs.replace(**changes)
-        self._check_knobs(knobs)
+        self.check_knobs(knobs)
         self.scheduler.set_knobs(knobs)
         return knobs
 
-    def _check_knobs(self, knobs: Knobs) -> None:
+    def check_knobs(self, knobs: Knobs) -> None:
         if knobs.token_budget > self.config.max_token_budget:
             raise ValueError(f"knob token_budget={knobs.token_budget} is above this engine's max_token_budget "
                              f"{self.config.max_token_budget}, the top of the range it was sized for")
@@ -169,8 +169,9 @@ class LLMEngine:
         self.scheduler.commit(result)
         self.last_logits = out.logits
         now = time.monotonic()
+        gaps = token_gaps(sampling, now)
         outputs = [self._append_or_fail(r, out.tokens[r.request_id], now) for r in sampling]
-        self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing)
+        self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing, gaps)
         return outputs
 
     def _append_or_fail(self, request: Request, token: int, now: float) -> RequestOutput:
@@ -235,16 +236,22 @@ class LLMEngine:
                              request.finish_reason.value if request.finish_reason else None)
 
     def _emit_record(self, result: ScheduleResult, num_sampled: int, start: float, duration: float,
-                     schedule_s: float, timing: StepTiming) -> None:
-        record = step_record(self._step, result, self.scheduler, num_sampled, start, duration, schedule_s, timing)
+                     schedule_s: float, timing: StepTiming, gaps: tuple[float, ...]) -> None:
+        record = step_record(self._step, result, self.scheduler, num_sampled, start, duration, schedule_s, timing,
+                             gaps)
         self._step += 1
         self.last_record = record
         for listener in self.step_listeners:
             listener(record)
 
 
+def token_gaps(sampling: list[Request], now: float) -> tuple[float, ...]:
+    """Time since each request's previous token, for those that already have one (TBT)."""
+    return tuple(now - r.timings.token_times[-1] for r in sampling if r.timings.token_times)
+
+
 def step_record(step: int, result: ScheduleResult, scheduler: Scheduler, num_sampled: int, start: float,
-                duration: float, schedule_s: float, timing: StepTiming) -> StepRecord:
+                duration: float, schedule_s: float, timing: StepTiming, gaps: tuple[float, ...] = ()) -> StepRecord:
     """The step's facts for telemetry (shared with the simulator, which predicts `timing`)."""
     decodes = result.num_decode_tokens
     return StepRecord(
@@ -254,7 +261,7 @@ def step_record(step: int, result: ScheduleResult, scheduler: Scheduler, num_sam
         num_preempted=result.num_preempted, kv_usage=scheduler.blocks.usage,
         context_tokens=result.context_tokens, attended_pairs=result.attended_pairs, num_sampled=num_sampled,
         prepare_s=timing.prepare_s, forward_s=timing.forward_s, sample_s=timing.sample_s,
-        schedule_s=schedule_s, policy=result.policy, knobs_version=result.knobs.version)
+        schedule_s=schedule_s, policy=result.policy, knobs_version=result.knobs.version, token_gaps=gaps)
 
 
 def request_record(request: Request) -> RequestRecord:

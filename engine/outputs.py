@@ -40,6 +40,8 @@ class StepRecord:
     schedule_s: float
     policy: str
     knobs_version: int
+    token_gaps: tuple[float, ...] = ()   # for each token this step produced after a request's first: the gap
+                                         # since that request's previous token (TBT, within this step's window)
 
 
 @dataclass(frozen=True)

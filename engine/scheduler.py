@@ -89,6 +89,12 @@ class Scheduler:
             self._pending = (policy, self._pending[1])
 
     @property
+    def latest_knobs(self) -> Knobs:
+        """The knobs the next step will use: a pending change, else the current ones."""
+        with self._lock:
+            return self._pending[1] or self.knobs
+
+    @property
     def has_pending_change(self) -> bool:
         return self._pending != (None, None)
 

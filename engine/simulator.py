@@ -17,7 +17,7 @@ from typing import Protocol
 
 from engine.block_manager import BlockManager
 from engine.cost_model import CostModel, StepShape
-from engine.llm_engine import request_record, step_record
+from engine.llm_engine import request_record, step_record, token_gaps
 from engine.model_runner import StepTiming
 from engine.outputs import RequestRecord, StepRecord
 from engine.request import FinishReason, Request
@@ -103,10 +103,11 @@ class Simulator:
         self.now += duration
         self.scheduler.commit(result)
         sampling = [s.request for s in result.scheduled if s.samples]
+        gaps = token_gaps(sampling, self.now)
         for request in sampling:
             self._emit_token(request)
         record = step_record(self.num_steps, result, self.scheduler, len(sampling), start, duration, 0.0,
-                             StepTiming(0.0, duration, 0.0))
+                             StepTiming(0.0, duration, 0.0), gaps)
         self.num_steps += 1
         for listener in self.step_listeners:
             listener(record)
@@ -140,7 +141,7 @@ class Simulator:
             self.scheduler.num_steps += 1
             record = dataclasses.replace(record, step=self.num_steps, start=start, duration_s=duration,
                                          forward_s=duration, context_tokens=shape.context_tokens,
-                                         attended_pairs=shape.attended_pairs)
+                                         attended_pairs=shape.attended_pairs, token_gaps=(duration,) * batch)
             self.num_steps += 1
             for listener in self.step_listeners:
                 listener(record)

@@ -119,10 +119,16 @@ class TelemetryWindow:
             arrivals = [a for a in self._arrivals if a.time >= start]
         return self._summarise(start, seconds, steps, finished, arrivals)
 
+    def recent_requests(self, seconds: float, now: float | None = None) -> list[RequestRecord]:
+        """Requests finished in the last `seconds`: the observed workload, e.g. for a simulator."""
+        start = (self.clock() if now is None else now) - seconds
+        with self._lock:
+            return [r for r in self._finished if r.finished >= start]
+
     def _summarise(self, start: float, seconds: float, steps: list[StepRecord], finished: list[RequestRecord],
                    arrivals: list[Arrival]) -> WindowSummary:
         ttft = [r.ttft_s for r in finished if r.ttft_s is not None]
-        tbt = [g for r in finished for g in r.tbt_s]
+        tbt = [g for s in steps for g in s.token_gaps]     # tokens produced in the window, not before it
         tpot = [r.tpot_s for r in finished if r.tpot_s is not None]
         e2e = [r.e2e_s for r in finished]
         met = sum(self.slo.met_by(r) for r in finished)

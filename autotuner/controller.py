@@ -1,0 +1,349 @@
+"""The online controller: ask -> apply knobs for one measurement window -> tell, per workload regime.
+
+One `step()` is one window. The controller reads only telemetry windows and writes only validated
+knobs through a TuningTarget, so the same code drives the live engine (on its own thread) and the
+simulator (which it advances itself). Safety: exploration stays in a trust region around the
+incumbent; a trial whose partial window already badly violates the SLO is aborted and the
+incumbent restored; a failure inside a step leaves the engine on the last good knobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+import yaml
+from optuna.trial import TrialState
+
+from autotuner.objective import Score, badly_violated, score
+from autotuner.regime import DriftDetector, Regime, WorkloadContext
+from autotuner.search_space import CONFIG, SearchSpace
+from autotuner.tuner_state import TunerState
+from policies import Knobs
+from telemetry.window import SLO, WindowSummary
+
+log = logging.getLogger(__name__)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+MAX_REJECTIONS = 2        # asks outside the trust region before projecting one into it
+WINDOW_VALUE_SPREAD = 0.1 # typical spread of one window's value (goodput share) at ~20 requests a window
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    policy: str = "adaptive"
+    min_window_s: float = 10.0
+    context_window_s: float = 60.0
+    max_window_s: float = 120.0
+    min_requests: int = 20
+    min_tbt_samples: int = 1000
+    settle_fraction: float = 0.25
+    trust_radius: float = 0.25
+    explore_trials: int = 24
+    explore_every: int = 4
+    recheck_every: int = 6
+    abort_factor: float = 2.0
+    warm_start_trials: int = 40
+    warm_start_enqueue: int = 3
+
+    @staticmethod
+    def load(path: str | Path = CONFIG, **overrides: Any) -> ControllerSettings:
+        data = yaml.safe_load(Path(path).read_text()).get("controller", {}) | overrides
+        unknown = set(data) - {f.name for f in fields(ControllerSettings)}
+        if unknown:
+            raise ValueError(f"{path}: unknown controller settings {sorted(unknown)}")
+        return ControllerSettings(**data)
+
+
+class TuningTarget(Protocol):
+    """What the controller reads and changes: the live engine or the simulator."""
+
+    def now(self) -> float: ...
+    def wait(self, seconds: float) -> None: ...
+    def window(self, seconds: float) -> WindowSummary: ...
+    def knobs(self) -> Knobs: ...
+    def apply(self, policy: str, knobs: Knobs) -> None: ...   # validated knobs only; raises ValueError
+
+
+WarmStart = Callable[[Regime, WindowSummary], list[dict[str, Any]]]
+
+
+class Controller:
+    def __init__(self, target: TuningTarget, space: SearchSpace, state: TunerState, slo: SLO,
+                 settings: ControllerSettings, warm_start: WarmStart | None = None) -> None:
+        self.target, self.space, self.state, self.slo, self.settings = target, space, state, slo, settings
+        self.warm_start = warm_start
+        self.drift = DriftDetector()
+        self.regime: Regime | None = None
+        self.study: optuna.Study | None = None
+        self.start = target.now()
+        self.last_good = target.knobs()
+        self.paused = False
+        self.pinned: Knobs | None = None
+        self.windows = 0
+        self.violations = 0
+        self.exploring_windows = 0
+        self.exploring_violations = 0
+        self._since_recheck = 0
+        self._lock = threading.Lock()
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []   # decisions, for metrics and logs
+
+    # -- operator controls (any thread) --
+    def pause(self) -> None:
+        with self._lock:
+            self.paused = True
+        self._decide("pause", None, self.target.knobs(), None)
+
+    def resume(self) -> None:
+        with self._lock:
+            self.paused, self.pinned = False, None
+        self._decide("resume", None, self.target.knobs(), None)
+
+    def pin(self, changes: dict[str, Any]) -> Knobs:
+        """Hold these knobs (validated now) until resume."""
+        knobs = self.target.knobs().replace(**changes)
+        self.target.apply(self.settings.policy, knobs)
+        with self._lock:
+            self.pinned = knobs
+        self._decide("pin", None, knobs, None)
+        return knobs
+
+    # -- the loop --
+    def run(self, stop: threading.Event) -> None:
+        """Live: one window after another until `stop`; a failing window never stops serving."""
+        while not stop.is_set():
+            try:
+                self.step()
+            except InterruptedError:
+                return                                   # the daemon is stopping
+            except Exception:
+                log.exception("tuner: window failed; the engine stays on the last good knobs")
+                self._restore()
+                stop.wait(self.settings.min_window_s)
+
+    def step(self) -> None:
+        observed = self.target.window(self.settings.context_window_s)
+        context = WorkloadContext.of(observed)
+        if not self._track_regime(context, observed) or self.paused or self.pinned:
+            self.target.wait(self.settings.min_window_s)
+            return
+        incumbent = self.incumbent()
+        action = self._next_action()
+        trial, params = self._ask(incumbent, recheck=action == "recheck")
+        self._run_trial(trial, params, action, context, incumbent)
+
+    # -- regimes --
+    def _track_regime(self, context: WorkloadContext, observed: WindowSummary) -> bool:
+        signals = context.signals()
+        if signals is None:
+            return False                       # no traffic: nothing to learn from
+        drifted = self.drift.update(signals)
+        regime = Regime.of(context)
+        if self.regime is None or (drifted and regime.key != self.regime.key):
+            self._enter(regime, signals, observed)
+        elif drifted:                          # moved, but within the same buckets: new reference only
+            self.drift.reset(signals)
+        return True
+
+    def _enter(self, regime: Regime, signals: tuple[float, float], observed: WindowSummary) -> None:
+        self.drift.reset(signals)
+        previous, self.regime = self.regime, regime
+        self.study = self.state.study(regime)
+        self._since_recheck = 0
+        self._decide("drift" if previous else "regime", None, self.target.knobs(), None, observed,
+                     previous=previous.key if previous else None)
+        if self.warm_start and not self.study.trials:
+            for params in self.warm_start(regime, observed):
+                self.study.enqueue_trial(params, user_attrs={"source": "warm-start"}, skip_if_exists=True)
+                self._decide("warm-start", None, self._knobs_for(params), None)
+
+    # -- choosing --
+    def _completed(self) -> list[optuna.trial.FrozenTrial]:
+        return [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+
+    def incumbent(self) -> dict[str, Any]:
+        """The best feasible configuration so far; until one is known, the one that missed the SLO
+        by least (so the trust region walks towards feasibility), else the knobs at regime entry."""
+        completed = self._completed()
+        best = best_configuration(completed, self.space) or least_violating(completed, self.space)
+        return best[0] if best else self.space.clamp(asdict(self.last_good) | {"policy": self.settings.policy})
+
+    def _next_action(self) -> str:
+        """Explore while the regime is young, then one window in `explore_every`; every other window
+        re-measures the incumbent, so its estimate keeps up with noise and slow change."""
+        completed = self._completed()
+        if best_configuration(completed, self.space) is None:
+            return "trial"                       # nothing safe to re-measure yet
+        exploring = len(completed) < self.settings.explore_trials or self.windows % self.settings.explore_every == 0
+        if not exploring or self._since_recheck >= self.settings.recheck_every:
+            return "recheck"
+        return "trial"
+
+    def _ask(self, incumbent: dict[str, Any], recheck: bool) -> tuple[optuna.Trial, dict[str, Any]]:
+        dists = self.space.distributions()
+        if recheck:
+            self.study.enqueue_trial(incumbent, user_attrs={"source": "recheck"})
+        for _ in range(MAX_REJECTIONS):
+            trial = self.study.ask(dists)
+            params = self.space.snap(trial.params)
+            queued = trial.user_attrs.get("source") in ("warm-start", "recheck")
+            if queued or self.space.within(params, incumbent, self.settings.trust_radius):
+                trial.set_user_attr("source", trial.user_attrs.get("source", "live"))
+                return trial, params
+            trial.set_user_attr("rejected", "outside trust region")
+            self.study.tell(trial, state=TrialState.FAIL)
+        projected = self.space.project(params, incumbent, self.settings.trust_radius)
+        self.study.enqueue_trial(projected, user_attrs={"source": "live"})
+        trial = self.study.ask(dists)
+        return trial, self.space.snap(trial.params)
+
+    def _knobs_for(self, params: dict[str, Any]) -> Knobs:
+        return self.target.knobs().replace(**{k: v for k, v in params.items() if k != "policy"})
+
+    # -- measuring --
+    def window_seconds(self, observed: WindowSummary | None = None) -> float:
+        """Long enough for `min_requests` finished requests and `min_tbt_samples` token gaps at the
+        current rates (so P99 TBT rests on ~10 gaps above it), within [min, max]."""
+        s = self.settings
+        observed = observed or self.target.window(s.min_window_s)
+        need = s.min_window_s
+        if observed.arrival_rate_rps > 0:
+            need = max(need, s.min_requests / observed.arrival_rate_rps)
+        if observed.output_tokens_per_s > 0:
+            need = max(need, s.min_tbt_samples / observed.output_tokens_per_s)
+        return min(s.max_window_s, need)
+
+    def _run_trial(self, trial: optuna.Trial, params: dict[str, Any], action: str, context: WorkloadContext,
+                   incumbent: dict[str, Any]) -> None:
+        try:
+            knobs = self._knobs_for(params)
+            self.target.apply(params.get("policy", self.settings.policy), knobs)
+        except ValueError as e:                    # never applied: outside what the engine accepts
+            trial.set_user_attr("rejected", str(e))
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+        self._since_recheck = 0 if action == "recheck" else self._since_recheck + 1
+        try:
+            window = self._measure(trial, incumbent)
+        except BaseException:                        # stopping or failing mid-window: the trial measured nothing
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+        if window is None:
+            return
+        result = self._score(window)
+        self._tell(trial, result, window)
+        self._count(result, exploring=action == "trial")
+        self._decide(action, trial.number, knobs, result, window)
+
+    def _tell(self, trial: optuna.Trial, result: Score, window: WindowSummary) -> None:
+        for name, value in result.constraints.items():
+            trial.set_constraint(name, value)
+        trial.set_user_attr("window", _window_dict(window))
+        self.study.tell(trial, result.value)
+
+    def _measure(self, trial: optuna.Trial, incumbent: dict[str, Any]) -> WindowSummary | None:
+        """Settle, then measure in quarters, aborting early on a bad violation."""
+        length = self.window_seconds()
+        self.target.wait(self.settings.settle_fraction * length)
+        for quarter in range(1, 5):
+            self.target.wait(length / 4)
+            partial = self.target.window(length * quarter / 4)
+            if quarter < 4 and self._should_abort(partial):
+                # a real (short) measurement: told as such, so a bad incumbent loses its place too
+                result = self._score(partial)
+                trial.set_user_attr("aborted", True)
+                self._tell(trial, result, partial)
+                self._count(result, exploring=True)
+                self._rollback(incumbent, trial.number, partial)
+                return None
+        window = self.target.window(length)
+        if window.num_finished < self.settings.min_requests // 2:
+            trial.set_user_attr("discarded", f"{window.num_finished} requests finished in the window")
+            self.study.tell(trial, state=TrialState.FAIL)
+            return None
+        return window
+
+    def _should_abort(self, partial: WindowSummary) -> bool:
+        """Only while a known-feasible incumbent is there to go back to: under overload every
+        configuration misses the SLO, and full windows are what tells them apart."""
+        if best_configuration(self._completed(), self.space) is None:
+            return False
+        return partial.num_finished >= 3 and badly_violated(partial.ttft_p50_s, partial.tbt_p99_s, self.slo,
+                                                              self.settings.abort_factor)
+
+    def _rollback(self, incumbent: dict[str, Any], trial_number: int, window: WindowSummary) -> None:
+        knobs = self._knobs_for(incumbent)
+        self.target.apply(incumbent.get("policy", self.settings.policy), knobs)
+        self.last_good = knobs
+        self._decide("abort", trial_number, knobs, self._score(window), window)
+
+    def _restore(self) -> None:
+        try:
+            self.target.apply(self.settings.policy, self.last_good)
+        except Exception:
+            log.exception("tuner: could not restore the last good knobs; leaving the engine as it is")
+
+    def _score(self, window: WindowSummary) -> Score:
+        return score(window.goodput_rps, window.arrival_rate_rps, window.ttft_p50_s, window.tbt_p99_s, self.slo)
+
+    def _count(self, result: Score, exploring: bool) -> None:
+        self.windows += 1
+        self.violations += not result.feasible
+        self.exploring_windows += exploring
+        self.exploring_violations += exploring and not result.feasible
+
+    def _decide(self, action: str, trial: int | None, knobs: Knobs, result: Score | None,
+                window: WindowSummary | None = None, **extra: Any) -> None:
+        entry = {"t": round(self.target.now() - self.start, 3), "regime": self.regime.key if self.regime else None,
+                 "action": action, "trial": trial,
+                 "knobs": {k: v for k, v in knobs.as_dict().items() if k != "version"},
+                 "context": WorkloadContext.of(window).as_dict() if window else None,
+                 "window": _window_dict(window) if window else None,
+                 "violated": None if result is None else not result.feasible, **extra}
+        self.state.log_decision(entry)
+        log.info("tuner decision %s", entry)
+        for listener in self.listeners:
+            listener(entry)
+
+
+def best_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSpace
+                       ) -> tuple[dict[str, Any], float] | None:
+    """The configuration with the best mean value over its measurements (re-checks of the same
+    knobs included, so one lucky window does not crown it) among those that meet the SLO on
+    average over their windows; None if none does."""
+    groups: dict[tuple, list[optuna.trial.FrozenTrial]] = {}
+    for t in trials:
+        if t.state is TrialState.COMPLETE:
+            groups.setdefault(tuple(sorted(space.snap(t.params).items())), []).append(t)
+    best: tuple[dict[str, Any], float] | None = None
+    for key, group in groups.items():
+        names = {name for t in group for name in t.constraints}
+        if names and all(sum(t.constraints.get(n, 0.0) for t in group) <= 0 for n in names):   # met on average
+            mean = sum(t.value for t in group) / len(group)
+            lower = mean - WINDOW_VALUE_SPREAD / math.sqrt(len(group))   # one lucky window does not win
+            if best is None or lower > best[1]:
+                best = (dict(key), lower)
+    return best
+
+
+def least_violating(trials: list[optuna.trial.FrozenTrial], space: SearchSpace
+                    ) -> tuple[dict[str, Any], float] | None:
+    """The measured configuration whose SLO excess, summed over constraints and averaged, is smallest."""
+    measured = [t for t in trials if t.state is TrialState.COMPLETE and t.constraints]
+    if not measured:
+        return None
+    excess = lambda t: sum(max(0.0, v) for v in t.constraints.values())   # noqa: E731
+    best = min(measured, key=excess)
+    return space.snap(best.params), -excess(best)
+
+
+def _window_dict(w: WindowSummary) -> dict[str, float | None]:
+    return {"ttft_p50_s": w.ttft_p50_s, "tbt_p99_s": w.tbt_p99_s, "goodput_rps": w.goodput_rps,
+            "slo_attainment": w.slo_attainment, "arrival_rate_rps": w.arrival_rate_rps,
+            "output_tokens_per_s": w.output_tokens_per_s, "input_output_ratio": w.input_output_ratio,
+            "kv_usage_mean": w.kv_usage_mean, "mfu": w.mfu, "mbu": w.mbu, "num_finished": w.num_finished}

@@ -1,0 +1,42 @@
+"""What a measured window is worth to the tuner.
+
+Value: goodput (requests/s that met every SLO, DistServe's definition) as a share of the requests
+offered in the same window, so that windows of one regime compare fairly although their arrival
+counts differ; a small latency-headroom term breaks ties between configurations that all keep up
+(the one further inside the SLO is the safer incumbent). Constraints (Optuna's `set_constraint`,
+feasible when <= 0): P50 TTFT and P99 TBT against their SLOs, Sarathi-Serve's capacity criterion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from telemetry.window import SLO
+
+HEADROOM_WEIGHT = 0.01
+
+
+@dataclass(frozen=True)
+class Score:
+    value: float
+    constraints: dict[str, float]       # name -> amount over the SLO (s); <= 0 is met
+
+    @property
+    def feasible(self) -> bool:
+        return all(v <= 0 for v in self.constraints.values())
+
+
+def score(goodput_rps: float, offered_rps: float, ttft_p50_s: float | None, tbt_p99_s: float | None,
+          slo: SLO) -> Score:
+    """A window with no first token or no gap yet counts as missing that SLO by its whole bound."""
+    ttft = ttft_p50_s if ttft_p50_s is not None else 2 * slo.ttft_s
+    tbt = tbt_p99_s if tbt_p99_s is not None else 2 * slo.tbt_s
+    share = min(1.0, goodput_rps / offered_rps) if offered_rps > 0 else 0.0
+    headroom = 1.0 - 0.5 * (min(ttft / slo.ttft_s, 2.0) + min(tbt / slo.tbt_s, 2.0))
+    return Score(share + HEADROOM_WEIGHT * headroom, {"ttft_p50": ttft - slo.ttft_s, "tbt_p99": tbt - slo.tbt_s})
+
+
+def badly_violated(ttft_p50_s: float | None, tbt_p99_s: float | None, slo: SLO, factor: float) -> bool:
+    """For aborting a trial early: a partial window already `factor` times over an SLO."""
+    return ((ttft_p50_s is not None and ttft_p50_s > factor * slo.ttft_s)
+            or (tbt_p99_s is not None and tbt_p99_s > factor * slo.tbt_s))

@@ -1,0 +1,140 @@
+"""`autotuned-serve tune --simulate`: the controller against the simulator on a (shifting) workload,
+next to the best single static configuration found offline and vLLM-like defaults, on the same
+requests. What-if analysis for ops teams, and the controller's fast test bed."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from optuna.trial import TrialState
+
+from autotuner.controller import Controller, ControllerSettings, best_configuration
+from autotuner.search_space import SearchSpace, load_search_space
+from autotuner.simulation import make_simulator, simulate
+from autotuner.targets import SimulatedTarget
+from autotuner.tuner_state import TunerState
+from autotuner.warm_start import SimulatorWarmStart
+from autotuner.workload import RequestSpec
+from engine.cost_model import CostModel
+from engine.outputs import RequestRecord
+from policies import Knobs
+from telemetry.latency_summary import summarize_requests
+from telemetry.window import SLO, TelemetryWindow
+
+# vLLM V1's scheduler: chunked prefill with running decodes first (= sarathi), FCFS, a step budget
+# of max_num_batched_tokens (2048 by default on most GPUs, 8192 on large ones), 256 sequences.
+VLLM_DEFAULTS = {"vllm_default_2048": ("sarathi", Knobs(token_budget=2048, max_num_seqs=256)),
+                 "vllm_default_8192": ("sarathi", Knobs(token_budget=8192, max_num_seqs=256))}
+STATIC_BUDGETS = (32, 64, 128, 256, 512, 1024, 2048)
+STATIC_PRIORITIES = (0.0, 0.5, 1.0)
+REPORT_WINDOW_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    goodput_rps: float
+    slo_attainment: float | None
+    violating_window_fraction: float
+
+
+def evaluate_static(specs: list[RequestSpec], cost: CostModel, policy: str, knobs: Knobs, slo: SLO) -> RunResult:
+    run = simulate(specs, cost, policy, knobs, slo)
+    return RunResult(run.summary.goodput_rps, run.summary.slo_attainment, violating_fraction(run.records, slo))
+
+
+def best_static(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str,
+                slo: SLO) -> tuple[dict[str, Any], RunResult]:
+    """Offline grid search on the whole workload: the best single configuration in hindsight."""
+    best: tuple[dict[str, Any], RunResult] | None = None
+    for budget, priority in itertools.product(STATIC_BUDGETS, STATIC_PRIORITIES):
+        params = space.clamp({"token_budget": budget, "prefill_priority": priority, "max_num_seqs": 256,
+                              "kv_admission_watermark": 0.01})
+        result = evaluate_static(specs, cost, policy, Knobs().replace(**params), slo)
+        if best is None or result.goodput_rps > best[1].goodput_rps:
+            best = (params, result)
+    return best
+
+
+def violating_fraction(records: list[RequestRecord], slo: SLO, window_s: float = REPORT_WINDOW_S) -> float:
+    """Share of fixed windows (by finish time) whose P50 TTFT or P99 TBT missed the SLO."""
+    if not records:
+        return 0.0
+    end = max(r.finished for r in records)
+    bins: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        bins.setdefault(int(r.finished // window_s), []).append(r)
+    bad = 0
+    for group in bins.values():
+        ttft = [r.ttft_s for r in group if r.ttft_s is not None]
+        gaps = [g for r in group for g in r.tbt_s]
+        bad += bool((ttft and np.percentile(ttft, 50) > slo.ttft_s) or (gaps and np.percentile(gaps, 99) > slo.tbt_s))
+    return bad / max(1, int(end // window_s) + 1)
+
+
+def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
+                      settings: ControllerSettings, space: SearchSpace | None = None, seed: int = 0,
+                      initial: Knobs | None = None) -> tuple[Controller, list[RequestRecord], float]:
+    """Serve `specs` on the simulator with the controller retuning it window after window."""
+    space = space or load_search_space()
+    sim = make_simulator(cost, settings.policy, initial or Knobs())
+    telemetry = TelemetryWindow(slo, clock=lambda: sim.now)
+    target = SimulatedTarget(sim, telemetry)
+    records: list[RequestRecord] = []
+    sim.finish_listeners.append(records.append)
+    warm = SimulatorWarmStart(lambda: cost, space, slo, settings.policy, target.knobs,
+                              lambda s: telemetry.recent_requests(s, now=sim.now), settings.warm_start_trials,
+                              settings.warm_start_enqueue, seed)
+    controller = Controller(target, space, TunerState(state_dir, seed), slo, settings, warm)
+    sim.submit(specs)
+    last_arrival = specs[-1].arrival_s
+    while sim.now < last_arrival:
+        controller.step()
+    sim.run()
+    return controller, records, sim.now
+
+
+def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
+            settings: ControllerSettings, seed: int = 0) -> dict[str, Any]:
+    """The JSON summary of `tune --simulate`."""
+    space = load_search_space(max_token_budget=None)
+    controller, records, end = tune_on_simulator(specs, cost, state_dir, slo, settings, space, seed)
+    duration = end - specs[0].arrival_s
+    tuned = summarize_requests(records, slo, duration)
+    static_params, static = best_static(specs, cost, space, settings.policy, slo)
+    baselines = {name: evaluate_static(specs, cost, policy, knobs, slo)
+                 for name, (policy, knobs) in VLLM_DEFAULTS.items()}
+    goodput = {"tuned": tuned.goodput_rps, "best_static": static.goodput_rps,
+               **{name: r.goodput_rps for name, r in baselines.items()}}
+    return {
+        "goodput_rps": goodput,
+        "ratio_tuned_over": {k: (goodput["tuned"] / v if v else None) for k, v in goodput.items() if k != "tuned"},
+        "slo_attainment": {"tuned": tuned.slo_attainment, "best_static": static.slo_attainment,
+                           **{name: r.slo_attainment for name, r in baselines.items()}},
+        "unsafe_window_fraction": controller.violations / max(1, controller.windows),
+        "exploring_unsafe_window_fraction": controller.exploring_violations / max(1, controller.exploring_windows),
+        "violating_window_fraction": {"tuned": violating_fraction(records, slo), "best_static":
+                                      static.violating_window_fraction,
+                                      **{n: r.violating_window_fraction for n, r in baselines.items()}},
+        "best_static_knobs": static_params,
+        "windows": controller.windows,
+        "regimes": regime_summaries(controller),
+        "num_requests": len(specs),
+        "simulated_s": round(duration, 1),
+    }
+
+
+def regime_summaries(controller: Controller) -> list[dict[str, Any]]:
+    """Per regime: trials run and the configuration the controller settled on."""
+    out = []
+    for key in controller.state.regimes():
+        study = controller.state.study_by_key(key)
+        trials = study.get_trials(deepcopy=False)
+        best = best_configuration(trials, controller.space)
+        out.append({"regime": key, "trials": len(trials),
+                    "completed": sum(t.state is TrialState.COMPLETE for t in trials),
+                    "chosen": best[0] if best else None, "chosen_value": best[1] if best else None})
+    return out

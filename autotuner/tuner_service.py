@@ -1,0 +1,113 @@
+"""The controller inside the daemon: its own thread beside the engine loop, operator controls for
+/admin/tuning, Prometheus gauges, and an online refit of the cost model from live steps."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from autotuner.controller import Controller, ControllerSettings
+from autotuner.search_space import load_search_space
+from autotuner.simulation import find_cost_model
+from autotuner.targets import EngineTarget
+from autotuner.tuner_state import TunerState
+from autotuner.warm_start import SimulatorWarmStart
+from engine.cost_model import CostModel, StepShape, fit_cost_model
+from engine.llm_engine import LLMEngine
+from engine.outputs import StepRecord
+from telemetry.prometheus import P
+from telemetry.window import SLO, TelemetryWindow
+
+log = logging.getLogger(__name__)
+REFIT_STEPS = 2000          # live steps kept for refitting the cost model
+MIN_REFIT_STEPS = 200
+
+
+class OnlineCostModel:
+    """Keeps recent live steps; refits the calibrated model on them when asked (falls back to the file)."""
+
+    def __init__(self, base: CostModel) -> None:
+        self.base = base
+        self._steps: deque[StepRecord] = deque(maxlen=REFIT_STEPS)
+
+    def on_step(self, record: StepRecord) -> None:
+        self._steps.append(record)
+
+    def current(self) -> CostModel:
+        steps = list(self._steps)
+        if len(steps) < MIN_REFIT_STEPS:
+            return self.base
+        refit = fit_cost_model([StepShape.of(r) for r in steps], [r.duration_s for r in steps],
+                               model=self.base.model, dtype=self.base.dtype, device=self.base.device,
+                               kv_blocks=self.base.kv_blocks, block_size=self.base.block_size)
+        return refit if refit.fit_mape is not None and refit.fit_mape < 0.2 else self.base
+
+
+class TunerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.decisions = Counter(P + "tuner_decisions", "Tuner decisions by action.", ["action"], registry=r)
+        self.violations = Counter(P + "tuner_violating_windows", "Measured windows that missed the SLO.", registry=r)
+        self.paused = Gauge(P + "tuner_paused", "1 while the tuner is paused or pinned.", registry=r)
+        self.knob = Gauge(P + "tuner_applied_knob", "Knob values of the tuner's latest decision.", ["knob"],
+                          registry=r)
+        self.regime = Gauge(P + "tuner_regime_info", "The workload regime being tuned (value 1).", ["regime"],
+                            registry=r)
+
+    def on_decision(self, entry: dict[str, Any]) -> None:
+        self.decisions.labels(entry["action"]).inc()
+        if entry.get("violated"):
+            self.violations.inc()
+        if entry["action"] in ("pause", "pin", "resume"):
+            self.paused.set(0 if entry["action"] == "resume" else 1)
+        for name, value in entry["knobs"].items():
+            if isinstance(value, (int, float)):
+                self.knob.labels(name).set(value)
+        if entry.get("regime"):
+            self.regime.clear()
+            self.regime.labels(entry["regime"]).set(1)
+
+
+class TunerService:
+    def __init__(self, state_dir: str, slo: SLO, registry: CollectorRegistry, max_token_budget: int) -> None:
+        self.state_dir, self.slo = state_dir, slo
+        self.settings = ControllerSettings.load()
+        self.space = load_search_space(max_token_budget=max_token_budget)
+        self.metrics = TunerMetrics(registry)
+        self.stop_event = threading.Event()
+        self.controller: Controller | None = None
+        self.cost: OnlineCostModel | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, engine: LLMEngine, telemetry: TelemetryWindow) -> None:
+        state = TunerState(self.state_dir)
+        self.cost = OnlineCostModel(find_cost_model(None, self.state_dir))
+        engine.step_listeners.append(self.cost.on_step)
+        target = EngineTarget(engine, telemetry, self.stop_event)
+        warm = SimulatorWarmStart(self.cost.current, self.space, self.slo, self.settings.policy, target.knobs,
+                                  telemetry.recent_requests, self.settings.warm_start_trials,
+                                  self.settings.warm_start_enqueue)
+        self.controller = Controller(target, self.space, state, self.slo, self.settings, warm)
+        self.controller.listeners.append(self.metrics.on_decision)
+        self._thread = threading.Thread(target=self.controller.run, args=(self.stop_event,), name="tuner",
+                                        daemon=True)
+        self._thread.start()
+        log.info("tuner started: state in %s, tuning policy %s", self.state_dir, self.settings.policy)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def status(self) -> dict[str, Any]:
+        c = self.controller
+        if c is None:
+            return {"running": False}
+        return {"running": self._thread is not None and self._thread.is_alive(), "paused": c.paused,
+                "pinned": c.pinned.as_dict() if c.pinned else None, "regime": c.regime.key if c.regime else None,
+                "incumbent": c.incumbent() if c.study else None, "windows": c.windows,
+                "violating_windows": c.violations, "state_dir": self.state_dir}

@@ -1,0 +1,75 @@
+"""Where the tuner keeps what it learned: one Optuna study per regime in SQLite under the state dir,
+and a JSON-lines log of every decision. Both survive restarts; trials a crash left running are
+marked failed when the state is opened."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotuner.regime import Regime
+
+log = logging.getLogger(__name__)
+STUDY_PREFIX = "regime:"
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+class TunerState:
+    def __init__(self, state_dir: str | Path, seed: int | None = None) -> None:
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.storage = optuna.storages.RDBStorage(f"sqlite:///{self.dir / 'tuner.db'}")
+        self.decisions_path = self.dir / "decisions.jsonl"
+        self.seed = seed
+        self._lock = threading.Lock()
+        self.recovered = self._fail_running_trials()
+
+    def _fail_running_trials(self) -> int:
+        """A trial still RUNNING at start-up belongs to a process that died; it measured nothing."""
+        count = 0
+        for summary in self.storage.get_all_studies():
+            study_id = self.storage.get_study_id_from_name(summary.study_name)
+            for trial in self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+                self.storage.set_trial_user_attr(trial._trial_id, "crashed", True)
+                self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+                count += 1
+        if count:
+            log.warning("tuner: marked %d trial(s) left running by an earlier process as failed", count)
+        return count
+
+    def study(self, regime: Regime) -> optuna.Study:
+        sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=8)
+        study = optuna.create_study(study_name=STUDY_PREFIX + regime.key, storage=self.storage,
+                                    direction="maximize", sampler=sampler, load_if_exists=True)
+        if "regime" not in study.user_attrs:
+            study.set_user_attr("regime", regime.as_dict())
+            study.set_user_attr("created_at", now_iso())
+        return study
+
+    def study_by_key(self, key: str) -> optuna.Study:
+        return optuna.load_study(study_name=STUDY_PREFIX + key, storage=self.storage)
+
+    def regimes(self) -> list[str]:
+        return [s.study_name.removeprefix(STUDY_PREFIX) for s in self.storage.get_all_studies()
+                if s.study_name.startswith(STUDY_PREFIX)]
+
+    def log_decision(self, entry: dict[str, Any]) -> None:
+        line = json.dumps({"time": now_iso(), **entry}, default=_jsonable)
+        with self._lock, self.decisions_path.open("a") as f:
+            f.write(line + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):       # numpy scalars
+        return value.item()
+    return str(value)

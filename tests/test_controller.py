@@ -1,0 +1,155 @@
+"""The online controller on the simulator: convergence, drift, rollback, crash safety, persistence."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from optuna.trial import TrialState
+
+from autotuner.controller import Controller, ControllerSettings, best_configuration
+from autotuner.regime import DriftDetector
+from autotuner.search_space import load_search_space
+from autotuner.sim_tuning import STATIC_BUDGETS, tune_on_simulator
+from autotuner.simulation import SHIPPED_COST_MODEL, find_cost_model, make_simulator, simulate
+from autotuner.targets import SimulatedTarget
+from autotuner.tuner_state import TunerState
+from autotuner.workload import generate, load_workload
+from policies import Knobs
+from telemetry.window import SLO, TelemetryWindow
+
+SLO_ = SLO(2.0, 0.25)
+FAST = dict(min_window_s=10.0, max_window_s=60.0, min_requests=20, min_tbt_samples=500, warm_start_trials=0,
+            explore_trials=16, recheck_every=5)
+
+
+@pytest.fixture(scope="module")
+def cost():
+    return find_cost_model(str(SHIPPED_COST_MODEL))
+
+
+def settings(**overrides) -> ControllerSettings:
+    return ControllerSettings.load(**(FAST | overrides))
+
+
+def static_goodput(specs, cost, params) -> float:
+    knobs = Knobs().replace(**{k: v for k, v in params.items() if k != "policy"})
+    return simulate(specs, cost, "adaptive", knobs, SLO_).summary.goodput_rps
+
+
+def test_stationary_workload_reaches_the_offline_best(cost, tmp_path):
+    """Chat near capacity: the configuration the controller settles on serves within 10% of the
+    goodput of the best budget an offline grid search finds, within a bounded number of windows."""
+    specs = generate(load_workload("chat"), qps=1.1, duration_s=1500, seed=3)
+    controller, _, _ = tune_on_simulator(specs, cost, str(tmp_path), SLO_, settings(), initial=Knobs(token_budget=32))
+    assert controller.windows <= 120          # 1500 s of traffic in windows of >= 10 s
+    grid_best = max(static_goodput(specs, cost, {"token_budget": b}) for b in STATIC_BUDGETS)
+    chosen = controller.incumbent()
+    assert static_goodput(specs, cost, chosen) >= 0.9 * grid_best, chosen
+
+
+def test_shift_is_detected_and_each_regime_gets_its_own_study(cost, tmp_path):
+    specs = generate(load_workload("shift"), qps=1.0, duration_s=2400, seed=4)
+    controller, records, _ = tune_on_simulator(specs, cost, str(tmp_path), SLO_, settings())
+    decisions = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    drifts = [d for d in decisions if d["action"] == "drift"]
+    assert len(drifts) >= 2                      # into summarization and back to chat
+    phase_change = specs[[s.phase for s in specs].index("summarization")].arrival_s
+    assert min(d["t"] for d in drifts) - phase_change < 200     # detected within a few windows
+    assert len(controller.state.regimes()) >= 2
+    assert len(records) == len(specs)
+
+
+def test_bad_trial_is_rolled_back_within_one_window(cost, tmp_path):
+    specs = generate(load_workload("chat"), qps=1.1, duration_s=1500, seed=5)
+    sim = make_simulator(cost, "adaptive", Knobs(token_budget=128))
+    telemetry = TelemetryWindow(SLO_, clock=lambda: sim.now)
+    target = SimulatedTarget(sim, telemetry)
+    controller = Controller(target, load_search_space(), TunerState(tmp_path), SLO_, settings(), None)
+    sim.submit(specs)
+    while controller.study is None or best_configuration(controller._completed(), controller.space) is None:
+        controller.step()
+    incumbent = controller.incumbent()
+    bad = {"token_budget": 2048, "prefill_priority": 1.0, "max_num_seqs": 256, "kv_admission_watermark": 0.0}
+    controller.study.enqueue_trial(bad, user_attrs={"source": "recheck"})   # queued trials skip the trust region
+    controller._since_recheck = 0
+    start = sim.now
+    length = controller.window_seconds()
+    controller.step()
+    aborted = [t for t in controller.study.trials if t.user_attrs.get("aborted")]
+    assert aborted and aborted[-1].params["token_budget"] == 2048
+    assert sim.now - start <= 1.25 * length + 5             # settle + at most the quarters it took
+    assert target.knobs().token_budget == incumbent["token_budget"]
+
+
+class FailingTarget(SimulatedTarget):
+    """A telemetry source that breaks on its third read."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.reads = 0
+
+    def window(self, seconds):
+        self.reads += 1
+        if self.reads == 3:
+            raise RuntimeError("telemetry broke")
+        return super().window(seconds)
+
+
+def test_controller_failure_leaves_serving_and_last_good_knobs(cost, tmp_path):
+    specs = generate(load_workload("chat"), qps=1.0, duration_s=300, seed=6)
+    sim = make_simulator(cost, "adaptive", Knobs(token_budget=256))
+    telemetry = TelemetryWindow(SLO_, clock=lambda: sim.now)
+    target = FailingTarget(sim, telemetry)
+    controller = Controller(target, load_search_space(), TunerState(tmp_path), SLO_, settings(), None)
+    records = []
+    sim.finish_listeners.append(records.append)
+    sim.submit(specs)
+    stop = threading.Event()
+    steps = 0
+
+    def step_then_stop():
+        nonlocal steps
+        steps += 1
+        if steps == 4:
+            stop.set()
+        original_step()
+
+    original_step, controller.step = controller.step, step_then_stop
+    controller.run(stop)                            # the exception is logged, never raised
+    assert target.knobs() == controller.last_good or target.knobs().version > 0
+    sim.run()                                       # serving goes on to the end
+    assert len(records) == len(specs)
+    running = [t for t in controller.study.trials if t.state is TrialState.RUNNING] if controller.study else []
+    assert not running
+
+
+def test_state_survives_restart_and_crashed_trials_are_failed(cost, tmp_path):
+    specs = generate(load_workload("chat"), qps=1.1, duration_s=400, seed=7)
+    controller, _, _ = tune_on_simulator(specs, cost, str(tmp_path), SLO_, settings())
+    key = controller.regime.key
+    completed = len(controller.study.get_trials(states=(TrialState.COMPLETE,)))
+    assert completed >= 3
+    controller.study.ask()                          # a trial a crash leaves RUNNING
+    reopened = TunerState(tmp_path)
+    assert reopened.recovered == 1
+    study = reopened.study_by_key(key)
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == completed
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+
+
+def test_drift_detector_ignores_noise_and_catches_a_shift():
+    detector = DriftDetector()
+    assert not any(detector.update((1.0 + 0.2 * (-1) ** i, 0.0)) for i in range(50))
+    assert any(detector.update((4.0, 0.0)) for _ in range(3))
+
+
+def test_trust_region_and_snapping():
+    space = load_search_space()
+    center = {"token_budget": 256, "prefill_priority": 0.5, "max_num_seqs": 64, "kv_admission_watermark": 0.05}
+    far = {"token_budget": 2048, "prefill_priority": 0.0, "max_num_seqs": 64, "kv_admission_watermark": 0.05}
+    assert not space.within(far, center, 0.25)
+    projected = space.project(far, center, 0.25)
+    assert space.within(projected, center, 0.25 + 1e-9) and projected["token_budget"] % 32 == 0
+    assert load_search_space(max_token_budget=512).ranges[0].high == 512

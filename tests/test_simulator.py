@@ -1,0 +1,128 @@
+"""The simulator runs the real scheduler and policies on a virtual clock; the cost model fits steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotuner.cli import main
+from autotuner.simulation import SHIPPED_COST_MODEL, find_cost_model, simulate
+from autotuner.workload import RequestSpec, generate, load_workload
+from engine.cost_model import FEATURES, CostModel, StepShape, fit_cost_model
+from engine.simulator import Simulator
+from policies import POLICIES, Knobs
+
+
+def constant_cost(seconds: float) -> CostModel:
+    return CostModel((seconds,) + (0.0,) * (len(FEATURES) - 1), kv_blocks=64, block_size=4)
+
+
+def run(sim: Simulator, specs: list[RequestSpec]):
+    records, steps = [], []
+    sim.finish_listeners.append(records.append)
+    sim.step_listeners.append(steps.append)
+    sim.submit(specs)
+    sim.run()
+    return sorted(records, key=lambda r: r.request_id), steps
+
+
+def test_hand_computed_timeline():
+    """0.1 s per step. A (4-token prompt, 3 outputs) at 0; B (2, 2) at 0.15.
+    t=0: prefill A -> A1 at 0.1; t=0.1: decode A -> A2 at 0.2 (B not there yet);
+    t=0.2: decode A + prefill B -> A3 (A done), B1 at 0.3; t=0.3: decode B -> B2 at 0.4 (done)."""
+    sim = Simulator(constant_cost(0.1), 64, 4, "sarathi", Knobs(token_budget=8))
+    (a, b), steps = run(sim, [RequestSpec(0.0, 4, 3, "x"), RequestSpec(0.15, 2, 2, "x")])
+    assert a.token_times == pytest.approx((0.1, 0.2, 0.3)) and a.finished == pytest.approx(0.3)
+    assert b.arrival == 0.15 and b.token_times == pytest.approx((0.3, 0.4)) and b.ttft_s == pytest.approx(0.15)
+    assert [(s.num_prefill_tokens, s.num_decode_tokens) for s in steps] == [(4, 0), (0, 1), (2, 1), (0, 1)]
+    assert [s.start for s in steps] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert sim.blocks.num_free_blocks == 64
+
+
+def test_step_time_follows_the_cost_model():
+    coefficients = (0.01, 0.001, 0.0, 0.0, 0.0, 0.0, 0.0)   # 10 ms + 1 ms per token
+    sim = Simulator(CostModel(coefficients, kv_blocks=64, block_size=4), 64, 4, "sarathi", Knobs(token_budget=16))
+    (r,), steps = run(sim, [RequestSpec(0.0, 10, 2, "x")])
+    assert [s.duration_s for s in steps] == pytest.approx([0.020, 0.011])
+    assert r.token_times == pytest.approx((0.020, 0.031))
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_coasting_through_decodes_changes_nothing(policy):
+    """Replaying all-decode stretches without the policy gives the very same run, preemptions included."""
+    specs = generate(load_workload("chat"), qps=3.0, num_requests=120, seed=1)
+    cost = find_cost_model(str(SHIPPED_COST_MODEL))
+    results = []
+    for coast in (False, True):
+        records, steps = run(Simulator(cost, 200, 16, policy, Knobs(token_budget=256), coast=coast), specs)
+        results.append(([(r.request_id, r.token_times, r.num_preemptions) for r in records],
+                        [(s.num_prefill_tokens, s.num_decode_tokens, s.duration_s) for s in steps]))
+    assert results[0] == results[1]
+    assert len(results[0][0]) == len(specs)
+
+
+def test_knob_change_mid_run_keeps_every_request():
+    specs = generate(load_workload("chat"), qps=2.0, num_requests=80, seed=2)
+    sim = Simulator(find_cost_model(str(SHIPPED_COST_MODEL)), 300, 16, "sarathi", Knobs(token_budget=64))
+    records = []
+    sim.finish_listeners.append(records.append)
+    sim.submit(specs)
+    sim.run_until(10.0)
+    sim.scheduler.set_policy("adaptive")
+    sim.scheduler.set_knobs(sim.scheduler.knobs.replace(token_budget=1024, prefill_priority=1.0))
+    sim.run()
+    assert len(records) == len(specs) and all(r.finish_reason == "length" for r in records)
+    assert sim.blocks.num_free_blocks == 300
+
+
+def test_too_big_request_is_rejected_not_stuck():
+    sim = Simulator(constant_cost(0.1), 4, 4, "sarathi", Knobs(token_budget=8))
+    records, _ = run(sim, [RequestSpec(0.0, 30, 5, "x"), RequestSpec(0.0, 4, 2, "x")])
+    assert sim.num_rejected == 1 and len(records) == 1
+
+
+def test_fit_recovers_known_coefficients():
+    truth = CostModel((0.02, 1e-4, 2e-4, 3e-5, 1e-7, 1e-9, 1e-5))
+    shapes = [StepShape(p, d, d + (p > 0), d * 300 + p + c, d * 300 + p * c + p * p // 2, d + (p > 0))
+              for p in (0, 16, 128, 512) for d in (0, 1, 8, 32) for c in (0, 700) if p or d]
+    model = fit_cost_model(shapes, [truth.predict(s) for s in shapes], model="m", dtype="fp32", device="cpu")
+    assert model.fit_mape < 1e-3
+
+
+def test_cost_model_round_trip_and_bad_file(tmp_path):
+    model = CostModel((0.1,) * len(FEATURES), model="m", dtype="fp32", device="cpu", kv_blocks=10)
+    assert CostModel.load(model.save(tmp_path / "m.json")) == model
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read cost model"):
+        CostModel.load(tmp_path / "bad.json")
+
+
+def test_shipped_cost_model_is_plausible():
+    """Calibrated on this kind of machine: a decode step and a 512-token chunk in sane ranges."""
+    cost = find_cost_model(str(SHIPPED_COST_MODEL))
+    decode32 = cost.predict(StepShape(0, 32, 32, 32 * 300, 32 * 300, 32))
+    chunk512 = cost.predict(StepShape(512, 0, 1, 512, 512 * 513 // 2, 1))
+    assert 0.005 < decode32 < 1.0 and decode32 < chunk512 < 10.0
+    assert cost.holdout_mape is not None and cost.holdout_mape <= 0.10
+
+
+def test_simulate_command_prints_the_bench_keys(capsys):
+    assert main(["simulate", "--workload", "chat", "--qps", "1", "--requests", "40", "--policy", "adaptive",
+                 "--knob", "token_budget=256", "--knob", "prefill_priority=0.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "goodput_rps", "slo_attainment",
+                "output_tokens_per_s"):
+        assert key in out
+    assert out["num_finished"] == 40 and out["knobs"]["token_budget"] == 256
+
+
+def test_simulate_command_rejects_bad_knob(capsys):
+    assert main(["simulate", "--knob", "token_budget=-3"]) == 2
+    assert "token_budget" in capsys.readouterr().err
+
+
+def test_simulation_summary_counts_rejections():
+    cost = CostModel((0.05,) + (0.0,) * (len(FEATURES) - 1), kv_blocks=2, block_size=4)
+    run_ = simulate([RequestSpec(0.0, 4, 2, "x"), RequestSpec(0.1, 40, 2, "x")], cost)
+    assert run_.summary.num_requests == 2 and run_.summary.num_failed == 1
