@@ -140,8 +140,8 @@ class Controller:
     # -- regimes --
     def _track_regime(self, context: WorkloadContext, observed: WindowSummary) -> bool:
         signals = context.signals()
-        if signals is None:
-            return False                       # no traffic: nothing to learn from
+        if signals is None or self.target.now() - self.start < self.settings.context_window_s:
+            return False                       # no traffic, or too little history to tell the regime
         drifted = self.drift.update(signals)
         regime = Regime.of(context)
         if self.regime is None or (drifted and regime.key != self.regime.key):

@@ -73,9 +73,10 @@ class TunerMetrics:
 
 
 class TunerService:
-    def __init__(self, state_dir: str, slo: SLO, registry: CollectorRegistry, max_token_budget: int) -> None:
+    def __init__(self, state_dir: str, slo: SLO, registry: CollectorRegistry, max_token_budget: int,
+                 settings: ControllerSettings | None = None) -> None:
         self.state_dir, self.slo = state_dir, slo
-        self.settings = ControllerSettings.load()
+        self.settings = settings or ControllerSettings.load()
         self.space = load_search_space(max_token_budget=max_token_budget)
         self.metrics = TunerMetrics(registry)
         self.stop_event = threading.Event()
