@@ -70,7 +70,15 @@ class CostModel:
     notes: dict[str, str] = field(default_factory=dict)
 
     def predict(self, shape: StepShape) -> float:
-        return sum(c * f for c, f in zip(self.coefficients, shape.features()))
+        return self.predict_counts(shape.num_prefill_tokens, shape.num_decode_tokens, shape.num_sampled,
+                                   shape.context_tokens, shape.attended_pairs, shape.num_seqs)
+
+    def predict_counts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int, seqs: int) -> float:
+        """`predict` without building a StepShape: the simulator's per-step hot path."""
+        c0, tok, floor, samp, ctx, pair, seq = self.coefficients
+        tokens = prefill + decode
+        return (c0 + tok * tokens + floor * max(0, TOKENS_FLOOR - tokens) + samp * sampled + ctx * context
+                + pair * pairs + seq * seqs)
 
     def mape(self, shapes: list[StepShape], seconds: list[float]) -> float:
         predicted = np.array([self.predict(s) for s in shapes])

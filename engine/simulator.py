@@ -10,7 +10,6 @@ simulated run exactly as they see a live one. Requests generate exactly their `o
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -126,22 +125,24 @@ class Simulator:
         steps_left = min(r.params.max_tokens - r.num_output_tokens for r in running) - 1  # a finish runs a real step
         next_arrival = self._pending[0].arrival_s if self._pending else float("inf")
         batch = len(running)
-        shape = StepShape(0, batch, batch, record.context_tokens, record.attended_pairs, batch)
+        context, pairs = record.context_tokens, record.attended_pairs
+        fields = vars(record)
+        stop_at = min(next_arrival, t_end)
         for _ in range(steps_left):
-            if self.now >= min(next_arrival, t_end) or not self._grow_for_next_token(running):
+            if self.now >= stop_at or not self._grow_for_next_token(running):
                 return
-            shape = dataclasses.replace(shape, context_tokens=shape.context_tokens + batch,
-                                        attended_pairs=shape.attended_pairs + batch)
-            start, duration = self.now, self.cost.predict(shape)
+            context += batch            # each sequence attends to one more token than last step
+            pairs += batch
+            start, duration = self.now, self.cost.predict_counts(0, batch, batch, context, pairs, batch)
             self.now += duration
             for request in running:
                 request.num_computed_tokens += 1
                 request.output_token_ids.append(0)
                 request.timings.token_times.append(self.now)
             self.scheduler.num_steps += 1
-            record = dataclasses.replace(record, step=self.num_steps, start=start, duration_s=duration,
-                                         forward_s=duration, context_tokens=shape.context_tokens,
-                                         attended_pairs=shape.attended_pairs, token_gaps=(duration,) * batch)
+            record = StepRecord(**(fields | {"step": self.num_steps, "start": start, "duration_s": duration,
+                                             "forward_s": duration, "context_tokens": context, "attended_pairs": pairs,
+                                             "token_gaps": (duration,) * batch}))
             self.num_steps += 1
             for listener in self.step_listeners:
                 listener(record)
