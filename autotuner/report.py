@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
+from autotuner.controller import best_configuration
+from autotuner.search_space import load_search_space
 
 DB_NAME = "tuner.db"
 DECISIONS_NAME = "decisions.jsonl"
@@ -74,7 +76,7 @@ class RegimeReport:
     distributions: dict[str, str]    # Optuna's JSON per param, so plots can be redrawn from the report alone
     trials: tuple[TrialRow, ...]     # rejected trials never ran: counted, not listed
     counts: TrialCounts
-    chosen: Chosen | None            # best feasible trial by value
+    chosen: Chosen | None            # the controller's incumbent (controller.best_configuration)
     before: Outcome | None           # the regime's first window
     after: Outcome | None            # the windows that ran the chosen configuration
     windows: int                     # windows whose SLO verdict is known
@@ -183,7 +185,7 @@ def _decision(d: dict[str, Any]) -> Decision:
 def _regime(study: Any, trials: list[Any], timeline: tuple[Decision, ...]) -> RegimeReport:
     key = study.study_name.removeprefix(STUDY_PREFIX)
     rows = tuple(_trial_row(t) for t in trials if not t.user_attrs.get("rejected"))
-    chosen = _chosen(rows)
+    chosen = _chosen(trials)
     decisions = [d for d in timeline if d.regime == key]
     runs = _runs(decisions, rows)
     windows, violated = _verdicts(decisions)
@@ -202,12 +204,16 @@ def _trial_row(trial: Any) -> TrialRow:
                     constraints, feasible, bool(attrs.get("aborted", False)), _window(attrs.get("window") or {}))
 
 
-def _chosen(rows: tuple[TrialRow, ...]) -> Chosen | None:
-    feasible = [r for r in rows if r.feasible and r.value is not None]
-    if not feasible:
+def _chosen(trials: list[Any]) -> Chosen | None:
+    """What the controller itself would run: the best mean over a configuration's windows (minus a
+    noise margin) among those meeting the SLO on average; named by its first trial."""
+    space = load_search_space()
+    best = best_configuration(trials, space)
+    if best is None:
         return None
-    best = max(feasible, key=lambda r: (r.value, -r.number))   # ties: the earliest trial
-    return Chosen(best.number, best.params, best.value)
+    params, value = best
+    first = min(t.number for t in trials if t.state.name == "COMPLETE" and space.snap(t.params) == params)
+    return Chosen(first, ordered_knobs(params), value)
 
 
 def _runs(decisions: list[Decision], rows: tuple[TrialRow, ...]) -> list[tuple[dict[str, Any], Window]]:

@@ -111,7 +111,8 @@ def html_run(state_dir, tmp_path_factory):
 def test_chosen_is_the_best_feasible_trial_and_counts_include_dropped_ones(report):
     a, b = report.regimes
     assert a.key == A and a.regime["kv"] == "low" and b.key == B
-    assert a.chosen.trial == 2 and a.chosen.params == BEST and a.chosen.value == 2.0   # not infeasible #1 (3.0)
+    # not infeasible #1 (3.0); the value is the controller's: mean over its windows minus a noise margin
+    assert a.chosen.trial == 2 and a.chosen.params == BEST and 1.8 < a.chosen.value <= 2.0
     assert [t.number for t in a.trials] == [0, 1, 2, 3, 5, 6, 7]                     # rejected #4 not listed
     assert {t.number: t.feasible for t in a.trials} == {0: True, 1: False, 2: True, 3: None, 5: True, 6: True,
                                                          7: None}
