@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 MAX_REJECTIONS = 2        # asks outside the trust region before projecting one into it
 WINDOW_VALUE_SPREAD = 0.1 # typical spread of one window's value (goodput share) at ~20 requests a window
+RECENT_WINDOWS = 4        # a configuration is judged on its latest measurements only
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class Controller:
         self.exploring_windows = 0
         self.exploring_violations = 0
         self._since_recheck = 0
+        self._drift_seen: float | None = None     # when the drift detector last fired
         self._lock = threading.Lock()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []   # decisions, for metrics and logs
 
@@ -142,18 +144,25 @@ class Controller:
         signals = context.signals()
         if signals is None or self.target.now() - self.start < self.settings.context_window_s:
             return False                       # no traffic, or too little history to tell the regime
-        drifted = self.drift.update(signals)
-        regime = Regime.of(context)
-        if self.regime is None or (drifted and regime.key != self.regime.key):
-            self._enter(regime, signals, observed)
-        elif drifted:                          # moved, but within the same buckets: new reference only
-            self.drift.reset(signals)
+        now = self.target.now()
+        if self._drift_seen is not None:
+            if now - self._drift_seen < self.settings.context_window_s:
+                return False                   # let the context window fill with the new workload only
+            self._drift_seen = None
+            self._enter(Regime.of(context), signals, observed)   # the same study again if close to it
+            return True
+        if self.regime is None:
+            self._enter(Regime.of(context), signals, observed)
+        elif self.drift.update(signals):
+            self._drift_seen = now
+            self.target.apply(self.settings.policy, self.last_good)   # hold the last good knobs meanwhile
+            return False
         return True
 
     def _enter(self, regime: Regime, signals: tuple[float, float], observed: WindowSummary) -> None:
         self.drift.reset(signals)
-        previous, self.regime = self.regime, regime
-        self.study = self.state.study(regime)
+        previous = self.regime
+        self.regime, self.study = self.state.study_for(regime, signals)
         self._since_recheck = 0
         self._decide("drift" if previous else "regime", None, self.target.knobs(), None, observed,
                      previous=previous.key if previous else None)
@@ -237,6 +246,8 @@ class Controller:
             return
         result = self._score(window)
         self._tell(trial, result, window)
+        if result.feasible:
+            self.last_good = knobs
         self._count(result, exploring=action == "trial")
         self._decide(action, trial.number, knobs, result, window)
 
@@ -322,6 +333,7 @@ def best_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSpac
             groups.setdefault(tuple(sorted(space.snap(t.params).items())), []).append(t)
     best: tuple[dict[str, Any], float] | None = None
     for key, group in groups.items():
+        group = sorted(group, key=lambda t: t.number)[-RECENT_WINDOWS:]   # the present, not a backlog-free past
         names = {name for t in group for name in t.constraints}
         if names and all(sum(t.constraints.get(n, 0.0) for t in group) <= 0 for n in names):   # met on average
             mean = sum(t.value for t in group) / len(group)

@@ -77,13 +77,17 @@ class SearchSpace:
         """Every knob within `radius` (share of its range) of the center; the policy only if equal."""
         if self.policies and params.get("policy") != center.get("policy", params.get("policy")):
             return False
-        return all(r.distance(params[r.name], center[r.name]) <= radius for r in self.ranges)
+        return all(r.distance(params[r.name], center[r.name]) <= radius
+                   or (r.step is not None and abs(params[r.name] - center[r.name]) <= r.step)   # one tile always
+                   for r in self.ranges)
 
     def project(self, params: dict[str, Any], center: dict[str, Any], radius: float) -> dict[str, Any]:
         """The point of the trust region nearest to `params` (knob by knob)."""
         out = dict(params)
         for r in self.ranges:
             lo, hi = _interval(r, center[r.name], radius)
+            if r.step:                         # a move of one tile is always allowed, or small budgets freeze
+                lo, hi = min(lo, center[r.name] - r.step), max(hi, center[r.name] + r.step)
             value = r.snap(min(hi, max(lo, params[r.name])))
             if r.step and value > hi:          # the tile grid may round past the edge: one tile back
                 value = r.snap(value - r.step)

@@ -18,6 +18,7 @@ from autotuner.regime import Regime
 
 log = logging.getLogger(__name__)
 STUDY_PREFIX = "regime:"
+MATCH_OCTAVES = 0.75      # a workload this close (log2 units) to a known regime's centre reuses its study
 
 
 def now_iso() -> str:
@@ -47,8 +48,27 @@ class TunerState:
             log.warning("tuner: marked %d trial(s) left running by an earlier process as failed", count)
         return count
 
+    def study_for(self, regime: Regime, signals: tuple[float, float]) -> tuple[Regime, optuna.Study]:
+        """The study of the known regime nearest to `signals` (log2 token ratio, log2 rate) with the
+        same KV label when one is within MATCH_OCTAVES, else a new one: a workload near a bucket's
+        edge must not split its history between two studies."""
+        nearest: tuple[float, Regime] | None = None
+        for summary in self.storage.get_all_studies():
+            attrs = summary.user_attrs
+            if not summary.study_name.startswith(STUDY_PREFIX) or "signals" not in attrs:
+                continue
+            known = Regime(**attrs["regime"])
+            distance = max(abs(a - b) for a, b in zip(attrs["signals"], signals))
+            if known.kv == regime.kv and distance <= MATCH_OCTAVES and (nearest is None or distance < nearest[0]):
+                nearest = (distance, known)
+        regime = nearest[1] if nearest else regime
+        study = self.study(regime)
+        if "signals" not in study.user_attrs:
+            study.set_user_attr("signals", list(signals))
+        return regime, study
+
     def study(self, regime: Regime) -> optuna.Study:
-        sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=8)
+        sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=4)   # warm start seeds it
         study = optuna.create_study(study_name=STUDY_PREFIX + regime.key, storage=self.storage,
                                     direction="maximize", sampler=sampler, load_if_exists=True)
         if "regime" not in study.user_attrs:
