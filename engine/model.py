@@ -15,7 +15,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.model_config import ModelConfig
-from engine.rope import RotaryEmbedding
+from engine.rope import RotaryEmbedding, rotate
 
 
 class RMSNorm(nn.Module):
@@ -39,13 +39,15 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
-    def forward(self, x, positions, rope: RotaryEmbedding, backend: AttentionBackend,
+    def forward(self, x, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Any) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rope(positions, q, k)
+        """cos/sin: RotaryEmbedding.lookup(positions) of this step's tokens."""
+        qkv = self.qkv_proj(x)
+        tokens, qk_size = qkv.shape[0], self.q_size + self.kv_size
+        # q and k heads side by side in qkv: one rotation for both
+        qk = rotate(qkv[:, :qk_size].view(tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, self.head_dim)
         out = backend.attend(q, k, v, k_cache, v_cache, meta)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -97,9 +99,9 @@ class LlamaForCausalLM(nn.Module):
         """
         m = self.model
         h = m.embed_tokens(input_ids)
+        cos, sin = m.rotary.lookup(positions)
         for i, layer in enumerate(m.layers):
-            h = h + layer.self_attn(layer.input_layernorm(h), positions, m.rotary, backend,
-                                    kv_cache[i, 0], kv_cache[i, 1], meta)
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, backend, kv_cache[i, 0], kv_cache[i, 1], meta)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         h = m.norm(h[logits_indices])
         return self.lm_head(h).float()

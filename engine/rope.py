@@ -44,12 +44,16 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        cos, sin = self.lookup(positions)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at `positions`, [tokens, 1, head_dim]: looked up once per step, used by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [tokens, heads, head_dim] (any heads: q and k rotate in one call), cos/sin from lookup()."""
     x32 = x.float()
     half = x.shape[-1] // 2
     rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from engine.block_manager import BlockManager
 from engine.request import FinishReason, Request, RequestStatus
@@ -19,8 +20,7 @@ from policies import BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
 
 
-@dataclass(frozen=True)
-class ScheduledRequest:
+class ScheduledRequest(NamedTuple):   # a named tuple: made for every request every step, cheaper than a frozen dataclass
     request: Request
     num_tokens: int
     context_len: int        # tokens already cached before this step
@@ -51,16 +51,24 @@ class ScheduleResult:
 
     @staticmethod
     def of(scheduled: list[ScheduledRequest], num_preempted: int, knobs: Knobs, policy: str) -> ScheduleResult:
-        scheduled.sort(key=lambda s: not s.is_decode)
-        decodes = tokens = context = pairs = sampled = 0
+        """Orders `scheduled` in place, decodes first (stable), and sums what the step computes.
+        One pass with is_decode and samples inlined: it runs for every request every step."""
+        decodes, others = [], []
+        tokens = context = pairs = sampled = 0
         for s in scheduled:
-            n, c = s.num_tokens, s.context_len
-            decodes += s.is_decode
+            n, c, request = s.num_tokens, s.context_len, s.request
+            num_prompt = len(request.prompt_token_ids)
+            if n == 1 and c >= num_prompt:
+                decodes.append(s)
+                pairs += c + 1
+            else:
+                others.append(s)
+                pairs += n * c + n * (n + 1) // 2
             tokens += n
             context += c + n
-            pairs += n * c + n * (n + 1) // 2
-            sampled += s.samples
-        return ScheduleResult(scheduled, num_preempted, knobs, policy, decodes, tokens, context, pairs, sampled)
+            sampled += c + n == num_prompt + len(request.output_token_ids)
+        scheduled[:] = decodes + others
+        return ScheduleResult(scheduled, num_preempted, knobs, policy, len(decodes), tokens, context, pairs, sampled)
 
 
 class Scheduler:
@@ -144,20 +152,22 @@ class Scheduler:
         self._preempt([by_id[i] for i in plan.preempted])
         self._admit([by_id[i] for i in plan.admitted])
         scheduled = []
-        for chunk in plan.scheduled:
-            request = by_id[chunk.request_id]
+        grow, block_size = self.blocks.grow, self.blocks.block_size
+        for request_id, num_tokens in plan.scheduled:
+            request = by_id[request_id]
             context = request.num_computed_tokens
-            self.blocks.grow(request.block_table, context + chunk.num_tokens)
-            scheduled.append(ScheduledRequest(request, chunk.num_tokens, context))
+            if context + num_tokens > len(request.block_table) * block_size:
+                grow(request.block_table, context + num_tokens)
+            scheduled.append(ScheduledRequest(request, num_tokens, context))
         return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name)
 
     def _check(self, plan: BatchPlan) -> None:
         """Plans are trusted to be frugal, but a broken one must fail loudly, not corrupt the cache."""
-        if plan.num_tokens > self.knobs.token_budget:
-            raise RuntimeError(f"{self.policy.name} planned {plan.num_tokens} tokens over a budget of "
+        ids, counts = zip(*plan.scheduled) if plan.scheduled else ((), ())
+        if sum(counts) > self.knobs.token_budget:
+            raise RuntimeError(f"{self.policy.name} planned {sum(counts)} tokens over a budget of "
                                f"{self.knobs.token_budget}")
-        ids = [c.request_id for c in plan.scheduled]
-        if len(ids) != len(set(ids)) or any(c.num_tokens < 1 for c in plan.scheduled):
+        if len(ids) != len(set(ids)) or (counts and min(counts) < 1):
             raise RuntimeError(f"{self.policy.name} planned a request twice or for no tokens")
 
     def _preempt(self, victims: list[Request]) -> None:
@@ -181,5 +191,5 @@ class Scheduler:
 
     def commit(self, result: ScheduleResult) -> None:
         """The step ran: its tokens are now in the KV cache."""
-        for s in result.scheduled:
-            s.request.num_computed_tokens = s.context_len + s.num_tokens
+        for request, num_tokens, context_len in result.scheduled:
+            request.num_computed_tokens = context_len + num_tokens

@@ -10,7 +10,9 @@ from collections.abc import Iterable
 
 from policies.knobs import Knobs
 from policies.plan import BatchPlan, ScheduledChunk
-from policies.view import SchedulerView, SequenceState, is_decode, remaining_tokens
+from policies.view import SchedulerView, SequenceState, remaining_tokens
+
+_NOTHING = (0, 0)
 
 
 class StepBuilder:
@@ -23,6 +25,8 @@ class StepBuilder:
         self._running = list(view.running)              # still running, in admission order
         self._reserved: dict[str, tuple[int, int]] = {}  # request_id -> (tokens, blocks) this step
         self._preempted: set[str] = set()
+        self._split: tuple[list[SequenceState], list[SequenceState]] | None = None
+        self._split_at = 0
 
     @property
     def running(self) -> list[SequenceState]:
@@ -33,19 +37,41 @@ class StepBuilder:
         return seq.request_id not in self._preempted
 
     def decodes(self) -> list[SequenceState]:
-        return [s for s in self.view.running if is_decode(s) and self.is_running(s)]
+        return list(self._split_running()[0])
 
     def partial_prefills(self) -> list[SequenceState]:
-        return [s for s in self.view.running if not is_decode(s) and self.is_running(s)]
+        return list(self._split_running()[1])
+
+    def _split_running(self) -> tuple[list[SequenceState], list[SequenceState]]:
+        """(decodes, partial prefills) among the requests still running, in admission order, in one
+        pass with is_decode() inlined (this runs for every request every step). Kept until the next
+        preemption: a plan changes no request, only which ones are still running."""
+        if self._split is not None and self._split_at == len(self._preempted):
+            return self._split
+        decodes, prefills, preempted = [], [], self._preempted
+        for s in self.view.running:
+            if preempted and s.request_id in preempted:
+                continue
+            computed = s.num_computed_tokens
+            if computed >= s.num_prompt_tokens and s.num_tokens - computed == 1:
+                decodes.append(s)
+            else:
+                prefills.append(s)
+        self._split, self._split_at = (decodes, prefills), len(preempted)
+        return self._split
 
     def schedule(self, seq: SequenceState, num_tokens: int, preempt: bool = True) -> bool:
         """Give `seq` `num_tokens` more this step (on top of what it already has this step);
         if allowed, preempt later-admitted requests for KV."""
-        had_tokens, had_blocks = self._reserved.get(seq.request_id, (0, 0))
-        num_tokens = min(num_tokens, self.tokens_left, remaining_tokens(seq) - had_tokens)
-        if num_tokens <= 0 or seq.request_id in self._preempted:
+        request_id = seq.request_id
+        had_tokens, had_blocks = self._reserved.get(request_id, _NOTHING)
+        computed = seq.num_computed_tokens
+        num_tokens = min(num_tokens, self.tokens_left, seq.num_tokens - computed - had_tokens)
+        if num_tokens <= 0 or request_id in self._preempted:
             return False
-        blocks = self.view.blocks_needed(seq, had_tokens + num_tokens) - had_blocks
+        # view.blocks_needed(seq, had_tokens + num_tokens), inlined: this runs for every request every step
+        block_size = self.view.block_size
+        blocks = max(0, -(-(computed + had_tokens + num_tokens) // block_size) - seq.num_blocks) - had_blocks
         while blocks > self.free_blocks:
             # the victim is always the most recently admitted request; when that is `seq` itself,
             # it yields its own KV, so older requests always make progress
@@ -57,21 +83,35 @@ class StepBuilder:
             self._preempt(victim)
         self.free_blocks -= blocks
         self.tokens_left -= num_tokens
-        self._reserved[seq.request_id] = (had_tokens + num_tokens, had_blocks + blocks)
-        chunk = ScheduledChunk(seq.request_id, had_tokens + num_tokens)
+        self._reserved[request_id] = (had_tokens + num_tokens, had_blocks + blocks)
+        chunk = ScheduledChunk(request_id, had_tokens + num_tokens)
         if had_tokens:
-            self.plan.scheduled = [chunk if c.request_id == seq.request_id else c for c in self.plan.scheduled]
+            self.plan.scheduled[:] = [chunk if c.request_id == request_id else c for c in self.plan.scheduled]
         else:
             self.plan.scheduled.append(chunk)
         return True
 
     def schedule_all(self, seqs: Iterable[SequenceState], chunk_cap: int = 0) -> None:
         """Each in turn gets what it still needs (at most `chunk_cap` if set) while the budget lasts."""
+        schedule, reserved, preempted, chunks = self.schedule, self._reserved, self._preempted, self.plan.scheduled
+        block_size = self.view.block_size
         for seq in seqs:
             if self.tokens_left <= 0:
                 return
-            need = remaining_tokens(seq)
-            self.schedule(seq, min(need, chunk_cap) if chunk_cap else need)
+            computed = seq.num_computed_tokens
+            need = seq.num_tokens - computed
+            request_id = seq.request_id
+            if need == 1 and request_id not in reserved and request_id not in preempted:
+                # schedule(seq, 1) for a request new to this step, inlined for decodes (every running
+                # request, every step); a block it cannot get without preempting takes the full path
+                blocks = max(0, (computed + block_size) // block_size - seq.num_blocks)
+                if blocks <= self.free_blocks:
+                    self.free_blocks -= blocks
+                    self.tokens_left -= 1
+                    reserved[request_id] = (1, blocks)
+                    chunks.append(ScheduledChunk(request_id, 1))
+                    continue
+            schedule(seq, min(need, chunk_cap) if chunk_cap else need)
 
     def admit(self, seq: SequenceState, num_tokens: int, keep_free_blocks: int = 0) -> bool:
         """Start a waiting request if it fits the sequence limit, the budget and the free KV
@@ -113,7 +153,7 @@ class StepBuilder:
         tokens, blocks = self._reserved.pop(victim.request_id, (0, 0))
         if tokens:
             self.tokens_left += tokens
-            self.plan.scheduled = [c for c in self.plan.scheduled if c.request_id != victim.request_id]
+            self.plan.scheduled[:] = [c for c in self.plan.scheduled if c.request_id != victim.request_id]
         self.free_blocks += blocks + victim.num_blocks
         if victim.request_id in self.plan.admitted:
             self.plan.admitted.remove(victim.request_id)
