@@ -137,14 +137,13 @@ class Controller:
         incumbent = self.incumbent()
         action = self._next_action()
         trial, params = self._ask(incumbent, recheck=action == "recheck")
-        self._run_trial(trial, params, action, context, incumbent)
+        self._run_trial(trial, params, action, incumbent)
 
     # -- regimes --
     def _track_regime(self, context: WorkloadContext, observed: WindowSummary) -> bool:
-        signals = context.signals()
-        if signals is None or self.target.now() - self.start < self.settings.context_window_s:
+        signals, now = context.signals(), self.target.now()
+        if signals is None or now - self.start < self.settings.context_window_s:
             return False                       # no traffic, or too little history to tell the regime
-        now = self.target.now()
         if self._drift_seen is not None:
             if now - self._drift_seen < self.settings.context_window_s:
                 return False                   # let the context window fill with the new workload only
@@ -173,7 +172,7 @@ class Controller:
 
     # -- choosing --
     def _completed(self) -> list[optuna.trial.FrozenTrial]:
-        return [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+        return self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
 
     def incumbent(self) -> dict[str, Any]:
         """The best feasible configuration so far; until one is known, the one that missed the SLO
@@ -227,7 +226,7 @@ class Controller:
             need = max(need, s.min_tbt_samples / observed.output_tokens_per_s)
         return min(s.max_window_s, need)
 
-    def _run_trial(self, trial: optuna.Trial, params: dict[str, Any], action: str, context: WorkloadContext,
+    def _run_trial(self, trial: optuna.Trial, params: dict[str, Any], action: str,
                    incumbent: dict[str, Any]) -> None:
         try:
             knobs = self._knobs_for(params)

@@ -19,6 +19,8 @@ from typing import TypeVar
 
 import torch
 
+from telemetry.other_load import OtherLoad  # noqa: F401  (re-exported for the scripts)
+
 T = TypeVar("T")
 
 # Plain English prose (written for this repository) that prompts are cut from.
@@ -75,30 +77,6 @@ class MachineInfo:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-class OtherLoad:
-    """How much of the machine's CPU other processes used between start() and share().
-
-    Any other busy process ruins CPU timings (a descheduled OpenMP thread stalls every parallel
-    region), so each measurement reports this next to its numbers: it should be close to 0.
-    """
-
-    def __init__(self) -> None:
-        self._start = self._sample()
-
-    @staticmethod
-    def _sample() -> tuple[int, int, int]:
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:]]
-        with open("/proc/self/stat") as f:
-            own = [int(x) for x in f.read().rsplit(")", 1)[1].split()[11:15]]  # utime stime cutime cstime
-        return sum(ticks), sum(ticks) - ticks[3] - ticks[4], sum(own)   # total, busy, ours
-
-    def share(self) -> float:
-        """Fraction of all cores' time used by other processes since construction."""
-        total, busy, own = (b - a for a, b in zip(self._start, self._sample()))
-        return max(0.0, (busy - own) / total) if total else 0.0
 
 
 def wait_until_idle(max_wait_s: float, threshold: float = 0.05, window_s: float = 2.0) -> float:
