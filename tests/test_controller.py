@@ -12,10 +12,11 @@ from autotuner.controller import Controller, ControllerSettings, best_configurat
 from autotuner.regime import DriftDetector
 from autotuner.search_space import load_search_space
 from autotuner.sim_tuning import STATIC_BUDGETS, tune_on_simulator
-from autotuner.simulation import SHIPPED_COST_MODEL, find_cost_model, make_simulator, simulate
+from autotuner.simulation import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
 from autotuner.workload import generate, load_workload
+from engine.cost_model import CostModel
 from policies import Knobs
 from telemetry.window import SLO, TelemetryWindow
 
@@ -26,7 +27,15 @@ FAST = dict(min_window_s=10.0, max_window_s=60.0, min_requests=20, min_tbt_sampl
 
 @pytest.fixture(scope="module")
 def cost():
-    return find_cost_model(str(SHIPPED_COST_MODEL))
+    """A fixed model of a machine where the SLO has room (chat capacity ~1.2 requests/s), so the
+    tests do not move when the shipped calibration changes."""
+    return CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
+
+
+def sim_controller(cost, tmp_path, knobs: Knobs, target_class=SimulatedTarget):
+    sim = make_simulator(cost, "adaptive", knobs)
+    target = target_class(sim, TelemetryWindow(SLO_, clock=lambda: sim.now))
+    return sim, target, Controller(target, load_search_space(), TunerState(tmp_path), SLO_, settings(), None)
 
 
 def settings(**overrides) -> ControllerSettings:
@@ -63,10 +72,7 @@ def test_shift_is_detected_and_each_regime_gets_its_own_study(cost, tmp_path):
 
 def test_bad_trial_is_rolled_back_within_one_window(cost, tmp_path):
     specs = generate(load_workload("chat"), qps=1.1, duration_s=1500, seed=5)
-    sim = make_simulator(cost, "adaptive", Knobs(token_budget=128))
-    telemetry = TelemetryWindow(SLO_, clock=lambda: sim.now)
-    target = SimulatedTarget(sim, telemetry)
-    controller = Controller(target, load_search_space(), TunerState(tmp_path), SLO_, settings(), None)
+    sim, target, controller = sim_controller(cost, tmp_path, Knobs(token_budget=128))
     sim.submit(specs)
     while controller.study is None or best_configuration(controller._completed(), controller.space) is None:
         controller.step()
@@ -99,10 +105,7 @@ class FailingTarget(SimulatedTarget):
 
 def test_controller_failure_leaves_serving_and_last_good_knobs(cost, tmp_path):
     specs = generate(load_workload("chat"), qps=1.0, duration_s=300, seed=6)
-    sim = make_simulator(cost, "adaptive", Knobs(token_budget=256))
-    telemetry = TelemetryWindow(SLO_, clock=lambda: sim.now)
-    target = FailingTarget(sim, telemetry)
-    controller = Controller(target, load_search_space(), TunerState(tmp_path), SLO_, settings(), None)
+    sim, target, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256), FailingTarget)
     records = []
     sim.finish_listeners.append(records.append)
     sim.submit(specs)
