@@ -109,8 +109,8 @@ class Controller:
     def pin(self, changes: dict[str, Any]) -> Knobs:
         """Hold these knobs (validated now) until resume."""
         knobs = self.target.knobs().replace(**changes)
-        self.target.apply(self.settings.policy, knobs)
         with self._lock:
+            self.target.apply(self.settings.policy, knobs)
             self.pinned = knobs
         self._decide("pin", None, knobs, None)
         return knobs
@@ -154,7 +154,7 @@ class Controller:
             self._enter(Regime.of(context), signals, observed)
         elif self.drift.update(signals):
             self._drift_seen = now
-            self.target.apply(self.settings.policy, self.last_good)   # hold the last good knobs meanwhile
+            self._apply(self.settings.policy, self.last_good)   # hold the last good knobs meanwhile
             return False
         return True
 
@@ -230,7 +230,7 @@ class Controller:
                    incumbent: dict[str, Any]) -> None:
         try:
             knobs = self._knobs_for(params)
-            self.target.apply(params.get("policy", self.settings.policy), knobs)
+            self._apply(params.get("policy", self.settings.policy), knobs)
         except ValueError as e:                    # never applied: outside what the engine accepts
             trial.set_user_attr("rejected", str(e))
             self.study.tell(trial, state=TrialState.FAIL)
@@ -262,6 +262,10 @@ class Controller:
         self.target.wait(self.settings.settle_fraction * length)
         for quarter in range(1, 5):
             self.target.wait(length / 4)
+            if self.paused or self.pinned:           # an operator took over mid-window: measure nothing
+                trial.set_user_attr("discarded", "paused or pinned by an operator")
+                self.study.tell(trial, state=TrialState.FAIL)
+                return None
             partial = self.target.window(length * quarter / 4)
             if quarter < 4 and self._should_abort(partial):
                 # a real (short) measurement: told as such, so a bad incumbent loses its place too
@@ -286,15 +290,21 @@ class Controller:
         return partial.num_finished >= 3 and badly_violated(partial.ttft_p50_s, partial.tbt_p99_s, self.slo,
                                                               self.settings.abort_factor)
 
+    def _apply(self, policy: str, knobs: Knobs) -> None:
+        """Every change the controller makes on its own; never over an operator's pause or pin."""
+        with self._lock:
+            if not (self.paused or self.pinned):
+                self.target.apply(policy, knobs)
+
     def _rollback(self, incumbent: dict[str, Any], trial_number: int, window: WindowSummary) -> None:
         knobs = self._knobs_for(incumbent)
-        self.target.apply(incumbent.get("policy", self.settings.policy), knobs)
+        self._apply(incumbent.get("policy", self.settings.policy), knobs)
         self.last_good = knobs
         self._decide("abort", trial_number, knobs, self._score(window), window)
 
     def _restore(self) -> None:
         try:
-            self.target.apply(self.settings.policy, self.last_good)
+            self._apply(self.settings.policy, self.last_good)
         except Exception:
             log.exception("tuner: could not restore the last good knobs; leaving the engine as it is")
 

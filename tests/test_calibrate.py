@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autotuner import calibrate as calibrate_module
 from autotuner.calibrate import GridPoint, build_step, calibrate, grid
 from tests.conftest import assert_no_kv_leak, make_engine
 
@@ -12,11 +13,12 @@ def test_grid_fits_the_pool_and_budget():
     assert any(p.decodes and p.chunk for p in points)          # mixed steps are measured too
 
 
-def test_calibrate_a_tiny_model(tiny_hf):
+def test_calibrate_a_tiny_model(tiny_hf, monkeypatch):
+    monkeypatch.setattr(calibrate_module, "MAX_RETAKES", 0)   # a busy test machine must not slow it down
     engine = make_engine(tiny_hf[0], num_kv_blocks=4096, block_size=16)
-    model = calibrate(engine, num_points=24, repeats=1, holdout_fraction=0.25, progress=False, live_requests=4)
+    model = calibrate(engine, num_points=12, repeats=1, holdout_fraction=0.25, progress=False, live_requests=4)
     assert len(model.coefficients) == 7 and all(c >= 0 for c in model.coefficients)
-    assert model.num_samples >= 18 and model.holdout_mape is not None
+    assert model.num_samples >= 9 and model.holdout_mape is not None
     assert model.kv_blocks == 4096 and model.block_size == 16
     assert_no_kv_leak(engine)
 
