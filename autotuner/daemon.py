@@ -1,7 +1,8 @@
-"""The composition root: engine + telemetry (+ the controller, when it lands) behind one HTTP server."""
+"""The composition root: engine + telemetry (+ the online tuner) behind one HTTP server."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from dataclasses import dataclass
@@ -94,6 +95,11 @@ def run_daemon(config: DaemonConfig) -> None:
 
     def load() -> LLMEngine:
         engine = telemetry.attach(LLMEngine(config.engine))
+        # What exists now (the tokenizer's vocabulary, checkpoint metadata, imported modules) lives as
+        # long as the daemon: keep it out of every later full GC pass, which would otherwise walk it
+        # in the middle of a step (a TBT spike), as vLLM and SGLang do after start-up.
+        gc.collect()
+        gc.freeze()
         if tuner:
             tuner.start(engine, telemetry.window)
         return engine

@@ -8,11 +8,13 @@ decode steps are timed. Each step: schedule(), commit(), then a dummy output tok
 every request that sampled (what tests/scheduler_harness.py does; not timed). Every timed step must
 schedule all N decodes. The token budget is max(2048, N) and max_num_seqs >= N, so all decodes fit.
 
-Reported per step: median and p90 of schedule()+commit() in ms, and the share of it spent in the
-policy's plan() (the rest is the Scheduler's own bookkeeping: view, checks, block growth, sort).
-Each (policy, N) is measured --repeats times in round-robin order and the repeat with the lowest
-median is kept (timeit's rule: on a shared VM, slow spells only ever add time); the slowest
-repeat's median is reported beside it.
+Objects that exist before the requests are made are frozen out of the garbage collector's walks
+(gc.freeze), as the daemon does after start-up; the requests are not. Reported per step: median
+and p90 of schedule()+commit() in ms, and the share of it spent in the policy's plan() (the
+rest is the Scheduler's own bookkeeping: view, checks, block growth, sort). Each (policy, N) is
+measured --repeats times in round-robin order and the repeat with the lowest median is kept
+(timeit's rule: on a shared VM, slow spells only ever add time); the slowest repeat's median is
+reported beside it.
 
 Then the ratio the issue asks for: sarathi's scheduler time at batch 32 (measured here, model-free)
 over the real engine's step time at 32 decoding requests of --context tokens (bundled SmolLM2,
@@ -26,6 +28,7 @@ step at 256 running requests.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -147,6 +150,8 @@ def step(sched: Scheduler) -> tuple[float, int]:
 
 
 def measure_overhead(policy: str, n: int, context: int, steps: int, warmup: int) -> OverheadStats:
+    gc.collect()
+    gc.freeze()    # what exists before the requests, as the daemon freezes after start-up (autotuner/daemon.py)
     budget = max(2048, n)
     prefill_steps = -(-n * context // budget) + 1   # early requests decode while later ones prefill
     sched = steady_scheduler(n, context, max_tokens=prefill_steps + warmup + steps + 8)
@@ -163,6 +168,7 @@ def measure_overhead(policy: str, n: int, context: int, steps: int, warmup: int)
             raise AssertionError(f"{policy} scheduled {scheduled} of {n} decodes in a steady-state step")
         totals.append(elapsed)
         plans.append(timed_policy.last_s)
+    gc.unfreeze()
     return OverheadStats(policy, n, steps, 1000 * statistics.median(totals), 1000 * percentile(totals, 0.9),
                          1000 * statistics.median(plans), statistics.median(p / t for p, t in zip(plans, totals)))
 

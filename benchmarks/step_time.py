@@ -11,7 +11,7 @@ Each step is read from engine.last_record (a StepRecord). Two step times are rep
 Python work = wall - forward_s: scheduling, input preparation, sampling and output processing.
 
     python benchmarks/step_time.py
-    python benchmarks/step_time.py --batch-sizes 1 8 --steps 5 --prefill-requests 1
+    python benchmarks/step_time.py --batch-sizes 1 8 --steps 5 --prefill-requests 2
 """
 
 from __future__ import annotations
@@ -64,7 +64,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", help="engine dtype: auto (default), fp32 or bf16")
     add_contention_args(p)
     p.add_argument("--json", default=None, help="also write the JSON summary to this file")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.prefill_requests < 2:
+        p.error("--prefill-requests must be at least 2: the first prompt is an untimed warm-up")
+    return args
 
 
 def median(values: list[float]) -> float:
