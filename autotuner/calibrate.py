@@ -84,11 +84,12 @@ def build_step(engine: LLMEngine, point: GridPoint) -> list[ScheduledRequest]:
 
 
 def measure(engine: LLMEngine, point: GridPoint, repeats: int) -> tuple[StepShape, float]:
-    """Median wall time of executing the point's step `repeats` times; taken again (up to
-    MAX_RETAKES times) while other processes used more than MAX_OTHER_LOAD of the CPU."""
+    """Median wall time of executing the point's step `repeats` times after one untimed run; taken
+    again (up to MAX_RETAKES times) while other processes used more than MAX_OTHER_LOAD of the CPU."""
     scheduled = build_step(engine, point)
     try:
         result = ScheduleResult.of(scheduled, 0, engine.scheduler.knobs, "calibration")
+        engine.runner.execute(scheduled)   # untimed: the first step of a new shape pays for oneDNN/allocator set-up
         for attempt in range(MAX_RETAKES + 1):
             load = OtherLoad()
             times = []

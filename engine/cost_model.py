@@ -1,10 +1,13 @@
 """A per-step time model fitted to measured steps, in the spirit of Vidur and Sarathi-Serve.
 
-    t = c + a * tokens + m * max(0, tokens_floor - tokens) + s * sampled
+    t = c + a * tokens + r * sqrt(tokens) + s * sampled
           + k * context_tokens + p * attended_pairs + q * sequences
 
-`tokens` (prefill + decode) drive the linear layers; small steps cost at least the time to stream
-the weights, hence the floor term; `sampled` rows go through the LM head; `context_tokens` is KV
+`tokens` (prefill + decode) drive the linear layers. A matmul over few rows is far less efficient
+per row than one over many (a GEMV streams the weights for one row; a CPU GEMM only reaches its
+peak from a few dozen rows on), so a step's cost is concave in its tokens: the square-root term
+carries that ramp (measured on the 2-core dev VM, decode steps at batch 1/8/32/64 cost
+~46 + 40 * sqrt(batch) ms); `sampled` rows go through the LM head; `context_tokens` is KV
 read, `attended_pairs` attention arithmetic (a chunk's quadratic term), `sequences` the per-sequence
 bookkeeping. Coefficients are fitted by non-negative least squares on relative error, so a cheap
 decode step weighs as much as an expensive prefill step. The simulator calls `predict` once per
@@ -14,6 +17,7 @@ step, so it is plain Python arithmetic.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,8 +27,7 @@ from scipy.optimize import nnls
 from engine.outputs import StepRecord
 from engine.scheduler import ScheduleResult
 
-FEATURES = ("constant", "tokens", "below_floor", "sampled", "context_tokens", "attended_pairs", "sequences")
-TOKENS_FLOOR = 64   # below this many tokens a step costs about as much as at the floor (weights streamed once)
+FEATURES = ("constant", "tokens", "sqrt_tokens", "sampled", "context_tokens", "attended_pairs", "sequences")
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class StepShape:
 
     def features(self) -> tuple[float, ...]:
         tokens = self.num_prefill_tokens + self.num_decode_tokens
-        return (1.0, tokens, max(0, TOKENS_FLOOR - tokens), self.num_sampled, self.context_tokens,
+        return (1.0, tokens, math.sqrt(tokens), self.num_sampled, self.context_tokens,
                 self.attended_pairs, self.num_seqs)
 
 
@@ -75,9 +78,9 @@ class CostModel:
 
     def predict_counts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int, seqs: int) -> float:
         """`predict` without building a StepShape: the simulator's per-step hot path."""
-        c0, tok, floor, samp, ctx, pair, seq = self.coefficients
+        c0, tok, root, samp, ctx, pair, seq = self.coefficients
         tokens = prefill + decode
-        return (c0 + tok * tokens + floor * max(0, TOKENS_FLOOR - tokens) + samp * sampled + ctx * context
+        return (c0 + tok * tokens + root * math.sqrt(tokens) + samp * sampled + ctx * context
                 + pair * pairs + seq * seqs)
 
     def mape(self, shapes: list[StepShape], seconds: list[float]) -> float:

@@ -102,7 +102,7 @@ class Simulator:
         self.now += duration
         self.scheduler.commit(result)
         sampling = [s.request for s in result.scheduled if s.samples]
-        gaps = token_gaps(sampling, self.now)
+        gaps = token_gaps(sampling, self.now) if self.step_listeners else ()
         for request in sampling:
             self._emit_token(request)
         record = step_record(self.num_steps, result, self.scheduler, len(sampling), start, duration, 0.0,
@@ -128,9 +128,16 @@ class Simulator:
         context, pairs = record.context_tokens, record.attended_pairs
         fields = vars(record)
         stop_at = min(next_arrival, t_end)
+        block_size = self.blocks.block_size
+        steps_to_block = 0    # steps until some sequence's next token needs a new KV block
         for _ in range(steps_left):
-            if self.now >= stop_at or not self._grow_for_next_token(running):
+            if self.now >= stop_at:
                 return
+            if steps_to_block == 0:
+                if not self._grow_for_next_token(running):
+                    return
+                steps_to_block = min(len(r.block_table) * block_size - r.num_computed_tokens for r in running)
+            steps_to_block -= 1
             context += batch            # each sequence attends to one more token than last step
             pairs += batch
             start, duration = self.now, self.cost.predict_counts(0, batch, batch, context, pairs, batch)
@@ -140,12 +147,13 @@ class Simulator:
                 request.output_token_ids.append(0)
                 request.timings.token_times.append(self.now)
             self.scheduler.num_steps += 1
-            record = StepRecord(**(fields | {"step": self.num_steps, "start": start, "duration_s": duration,
-                                             "forward_s": duration, "context_tokens": context, "attended_pairs": pairs,
-                                             "token_gaps": (duration,) * batch}))
             self.num_steps += 1
-            for listener in self.step_listeners:
-                listener(record)
+            if self.step_listeners:   # a record only for someone who reads it
+                record = StepRecord(**(fields | {"step": self.num_steps - 1, "start": start, "duration_s": duration,
+                                                 "forward_s": duration, "context_tokens": context,
+                                                 "attended_pairs": pairs, "token_gaps": (duration,) * batch}))
+                for listener in self.step_listeners:
+                    listener(record)
 
     def _grow_for_next_token(self, running: list[Request]) -> bool:
         """Give each request the KV block its next token needs; False (nothing taken) if they do not

@@ -1,0 +1,66 @@
+"""Capacity under the SLO on the simulator: Sarathi-Serve's bracketed binary search per policy and
+token budget, each probe one seeded open-loop run of the workload through the calibrated cost model.
+
+The same search as `autotuned-serve capacity` (autotuner/capacity.py) with the simulator as the
+server, so a whole table takes seconds; what it predicts is only as good as the cost model
+(docs/simulator.md gives its accuracy against the real engine).
+
+    python benchmarks/simulated_capacity.py
+    python benchmarks/simulated_capacity.py --policies sarathi --budgets 32 64 --requests 400 --slo-tbt-s 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from autotuner.capacity import CapacityCriteria, search_capacity
+from autotuner.simulation import find_cost_model, simulate
+from autotuner.workload import generate, load_workload
+from engine.cost_model import CostModel
+from policies import Knobs
+from telemetry.window import SLO
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", default="chat", help="a preset in configs/workloads.yaml (default chat)")
+    p.add_argument("--policies", nargs="+", default=["sarathi", "adaptive", "prefill-first", "orca"])
+    p.add_argument("--budgets", type=int, nargs="+", default=[32, 64, 128, 256])
+    p.add_argument("--requests", type=int, default=400, help="requests per probe (default 400)")
+    p.add_argument("--slo-ttft-s", type=float, default=2.0, help="P50 TTFT bound (default 2.0)")
+    p.add_argument("--slo-tbt-s", type=float, default=0.25, help="P99 TBT bound (default 0.25)")
+    p.add_argument("--max-probes", type=int, default=10)
+    p.add_argument("--cost-model", default=None, help="default: the shipped calibration")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+def capacity(cost: CostModel, policy: str, budget: int, args: argparse.Namespace) -> dict:
+    workload = load_workload(args.workload)
+    slo = SLO(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
+
+    def probe(qps: float):
+        specs = generate(workload, qps=qps, num_requests=args.requests, seed=args.seed)
+        return simulate(specs, cost, policy, Knobs(token_budget=budget), slo).summary
+
+    result = search_capacity(probe, CapacityCriteria(args.slo_ttft_s, args.slo_tbt_s), start_qps=0.25,
+                             max_probes=args.max_probes, tolerance=0.05)
+    return {"policy": policy, "token_budget": budget, "capacity_qps": result.capacity_qps,
+            "first_failing_qps": result.first_failing_qps, "probes": len(result.probes)}
+
+
+def main() -> None:
+    args = parse_args()
+    cost = find_cost_model(args.cost_model)
+    rows = [capacity(cost, policy, budget, args) for policy in args.policies for budget in args.budgets]
+    print(f"{'policy':<16}{'budget':>8}{'capacity qps':>14}{'first failing':>15}")
+    for r in rows:
+        failing = "-" if r["first_failing_qps"] is None else f"{r['first_failing_qps']:.3f}"
+        print(f"{r['policy']:<16}{r['token_budget']:>8}{r['capacity_qps']:>14.3f}{failing:>15}")
+    print(json.dumps({"workload": args.workload, "slo": {"ttft_p50_s": args.slo_ttft_s, "tbt_p99_s": args.slo_tbt_s},
+                      "cost_model": cost.model, "results": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
