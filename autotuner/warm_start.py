@@ -60,9 +60,14 @@ class SimulatorWarmStart:
         return result.value
 
     def _best(self, study: optuna.Study) -> list[dict[str, Any]]:
-        feasible = [t for t in study.trials if t.value is not None and all(v <= 0 for v in t.constraints.values())]
+        """The best feasible configurations; when fewer than `keep` are feasible, the rest are those
+        that missed the SLO by least (as the controller's incumbent rule), so a regime where nothing
+        meets the SLO still starts next to the configuration that comes closest."""
+        done = [t for t in study.trials if t.value is not None]
+        feasible = sorted((t for t in done if _excess(t) == 0), key=lambda t: t.value, reverse=True)
+        nearest = sorted((t for t in done if _excess(t) > 0), key=_excess)
         best, seen = [], set()
-        for t in sorted(feasible, key=lambda t: t.value, reverse=True):
+        for t in feasible + nearest:
             params = self.space.snap(t.params)
             key = tuple(sorted(params.items()))
             if key not in seen:
@@ -71,3 +76,8 @@ class SimulatorWarmStart:
             if len(best) == self.keep:
                 break
         return best
+
+
+def _excess(trial: optuna.trial.FrozenTrial) -> float:
+    """How far a simulated trial missed the SLO: its positive constraint values, summed."""
+    return sum(max(0.0, v) for v in trial.constraints.values())
