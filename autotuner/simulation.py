@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from policies import Knobs
 from telemetry.latency_summary import LatencySummary, summarize_requests
 from telemetry.window import SLO
 
+log = logging.getLogger(__name__)
+
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # Fitted on the development machine (2-core EPYC, fp32) by `autotuned-serve calibrate`; the state
 # dir's own calibration replaces it.
@@ -21,11 +24,18 @@ SHIPPED_COST_MODEL = CONFIGS / "cost_models" / "smollm2-135m-instruct-fp32-cpu.j
 
 
 def find_cost_model(path: str | None = None, state_dir: str | None = None) -> CostModel:
-    """An explicit file, else the newest calibration in the state dir, else the shipped one."""
+    """An explicit file, else the newest readable calibration in the state dir, else the shipped one.
+    A state-dir calibration that no longer loads (e.g. fitted with an older feature set) is skipped
+    with a warning, so an upgraded daemon still starts."""
     if path:
         return CostModel.load(path)
     calibrated = sorted(Path(state_dir).glob("cost_models/*.json"), key=os.path.getmtime) if state_dir else []
-    return CostModel.load(calibrated[-1] if calibrated else SHIPPED_COST_MODEL)
+    for candidate in reversed(calibrated):
+        try:
+            return CostModel.load(candidate)
+        except ValueError as e:
+            log.warning("skipping %s", e)
+    return CostModel.load(SHIPPED_COST_MODEL)
 
 
 @dataclass

@@ -126,3 +126,12 @@ def test_simulation_summary_counts_rejections():
     cost = CostModel((0.05,) + (0.0,) * (len(FEATURES) - 1), kv_blocks=2, block_size=4)
     run_ = simulate([RequestSpec(0.0, 4, 2, "x"), RequestSpec(0.1, 40, 2, "x")], cost)
     assert run_.summary.num_requests == 2 and run_.summary.num_failed == 1
+
+
+def test_an_unreadable_state_dir_calibration_falls_back_to_the_shipped_one(tmp_path):
+    """An upgraded daemon whose state dir holds a calibration with another feature set still starts."""
+    (tmp_path / "cost_models").mkdir()
+    (tmp_path / "cost_models" / "old.json").write_text(json.dumps({"features": ["constant"], "coefficients": [1.0]}))
+    assert find_cost_model(None, str(tmp_path)) == find_cost_model(str(SHIPPED_COST_MODEL))
+    with pytest.raises(ValueError, match="other features"):
+        find_cost_model(str(tmp_path / "cost_models" / "old.json"))
