@@ -33,6 +33,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 MAX_REJECTIONS = 2        # asks outside the trust region before projecting one into it
 WINDOW_VALUE_SPREAD = 0.1 # typical spread of one window's value (goodput share) at ~20 requests a window
 RECENT_WINDOWS = 4        # a configuration is judged on its latest measurements only
+SLO_HEADROOM = 0.15       # within this share of a latency SLO, exploration may not push that latency up
 
 
 @dataclass(frozen=True)
@@ -196,19 +197,33 @@ class Controller:
         dists = self.space.distributions()
         if recheck:
             self.study.enqueue_trial(incumbent, user_attrs={"source": "recheck"})
+        limit = self._budget_limits(incumbent)
         for _ in range(MAX_REJECTIONS):
             trial = self.study.ask(dists)
             params = self.space.snap(trial.params)
             queued = trial.user_attrs.get("source") in ("warm-start", "recheck")
-            if queued or self.space.within(params, incumbent, self.settings.trust_radius):
+            within = self.space.within(params, incumbent, self.settings.trust_radius)
+            if queued or (within and _within_limits(params, limit) == params):
                 trial.set_user_attr("source", trial.user_attrs.get("source", "live"))
                 return trial, params
-            trial.set_user_attr("rejected", "outside trust region")
+            trial.set_user_attr("rejected", "outside trust region" if not within else "no SLO headroom")
             self.study.tell(trial, state=TrialState.FAIL)
-        projected = self.space.project(params, incumbent, self.settings.trust_radius)
+        projected = _within_limits(self.space.project(params, incumbent, self.settings.trust_radius), limit)
         self.study.enqueue_trial(projected, user_attrs={"source": "live"})
         trial = self.study.ask(dists)
         return trial, self.space.snap(trial.params)
+
+    def _budget_limits(self, incumbent: dict[str, Any]) -> tuple[int | None, int | None]:
+        """(lowest, highest) token budget worth exploring around the incumbent. A larger budget
+        means longer steps (P99 TBT up), a smaller one slower prefills (P50 TTFT up): where the
+        incumbent's recent windows already run within SLO_HEADROOM of one bound, a move that can
+        only push that latency up would most likely break the SLO, so it is not tried."""
+        windows = [t.user_attrs["window"] for t in self._completed()
+                   if "window" in t.user_attrs and self.space.snap(t.params) == incumbent][-RECENT_WINDOWS:]
+        tbt = [w["tbt_p99_s"] for w in windows if w.get("tbt_p99_s") is not None]
+        ttft = [w["ttft_p50_s"] for w in windows if w.get("ttft_p50_s") is not None]
+        budget = incumbent.get("token_budget")
+        return (budget if _near(ttft, self.slo.ttft_s) else None, budget if _near(tbt, self.slo.tbt_s) else None)
 
     def _knobs_for(self, params: dict[str, Any]) -> Knobs:
         return self.target.knobs().replace(**{k: v for k, v in params.items() if k != "policy"})
@@ -350,6 +365,24 @@ def best_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSpac
             if best is None or lower > best[1]:
                 best = (dict(key), lower)
     return best
+
+
+def _near(latencies: list[float], bound: float) -> bool:
+    """Measured latencies that average within SLO_HEADROOM of their bound (or over it)."""
+    return bool(latencies) and sum(latencies) / len(latencies) >= (1 - SLO_HEADROOM) * bound
+
+
+def _within_limits(params: dict[str, Any], limits: tuple[int | None, int | None]) -> dict[str, Any]:
+    """`params` with the token budget (if it is tuned) moved into [low, high] where those are set."""
+    low, high = limits
+    budget = params.get("token_budget")
+    if budget is None:
+        return params
+    if high is not None:
+        budget = min(budget, high)
+    if low is not None:
+        budget = max(budget, low)
+    return params | {"token_budget": budget}
 
 
 def least_violating(trials: list[optuna.trial.FrozenTrial], space: SearchSpace

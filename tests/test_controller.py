@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import threading
 
+import optuna
 import pytest
-from optuna.trial import TrialState
+from optuna.trial import TrialState, create_trial
 
 from autotuner.controller import Controller, ControllerSettings, best_configuration
 from autotuner.regime import DriftDetector
@@ -156,3 +157,26 @@ def test_trust_region_and_snapping():
     projected = space.project(far, center, 0.25)
     assert space.within(projected, center, 0.25 + 1e-9) and projected["token_budget"] % 32 == 0
     assert load_search_space(max_token_budget=512).ranges[0].high == 512
+
+
+def test_no_budget_move_that_spends_missing_slo_headroom(cost, tmp_path):
+    """An incumbent whose P99 TBT runs within 15% of its bound is not explored at a larger budget
+    (longer steps), one whose P50 TTFT does, not at a smaller one; with room, both ways are open."""
+    _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
+    space = load_search_space()
+    incumbent = space.snap({"token_budget": 256, "prefill_priority": 0.5, "max_num_seqs": 64,
+                            "kv_admission_watermark": 0.05})
+
+    def limits_after(ttft: float, tbt: float) -> tuple:
+        controller.study = optuna.create_study(direction="maximize")
+        controller.study.add_trial(create_trial(params=incumbent, distributions=space.distributions(), value=0.9,
+                                                user_attrs={"window": {"ttft_p50_s": ttft, "tbt_p99_s": tbt}}))
+        return controller._budget_limits(incumbent)
+
+    assert limits_after(ttft=0.5, tbt=0.1) == (None, None)
+    assert limits_after(ttft=1.9, tbt=0.1) == (256, None)
+    assert limits_after(ttft=0.5, tbt=0.24) == (None, 256)
+    for _ in range(8):
+        trial, params = controller._ask(incumbent, recheck=False)
+        assert params["token_budget"] <= 256, params
+        controller.study.tell(trial, state=TrialState.FAIL)
