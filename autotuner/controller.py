@@ -21,7 +21,7 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from autotuner.objective import Score, badly_violated, score
+from autotuner.objective import Score, badly_violated, score, slo_excess
 from autotuner.regime import DriftDetector, Regime, WorkloadContext
 from autotuner.search_space import CONFIG, SearchSpace
 from autotuner.tuner_state import TunerState
@@ -391,9 +391,8 @@ def least_violating(trials: list[optuna.trial.FrozenTrial], space: SearchSpace
     measured = [t for t in trials if t.state is TrialState.COMPLETE and t.constraints]
     if not measured:
         return None
-    excess = lambda t: sum(max(0.0, v) for v in t.constraints.values())   # noqa: E731
-    best = min(measured, key=excess)
-    return space.snap(best.params), -excess(best)
+    best = min(measured, key=lambda t: slo_excess(t.constraints))
+    return space.snap(best.params), -slo_excess(best.constraints)
 
 
 def _window_dict(w: WindowSummary) -> dict[str, float | None]:

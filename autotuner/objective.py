@@ -36,6 +36,12 @@ def score(goodput_rps: float, offered_rps: float, ttft_p50_s: float | None, tbt_
     return Score(share + HEADROOM_WEIGHT * headroom, {"ttft_p50": ttft - slo.ttft_s, "tbt_p99": tbt - slo.tbt_s})
 
 
+def slo_excess(constraints: dict[str, float]) -> float:
+    """How far a measured (or simulated) configuration missed the SLO: its positive constraint
+    values (excess over each bound, as told to Optuna), summed; 0 when it met every bound."""
+    return sum(max(0.0, v) for v in constraints.values())
+
+
 def badly_violated(ttft_p50_s: float | None, tbt_p99_s: float | None, slo: SLO, factor: float) -> bool:
     """For aborting a trial early: a partial window already `factor` times over an SLO."""
     return ((ttft_p50_s is not None and ttft_p50_s > factor * slo.ttft_s)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from autotuner.objective import score
+from autotuner.objective import score, slo_excess
 from autotuner.regime import Regime
 from autotuner.search_space import SearchSpace
 from autotuner.simulation import simulate
@@ -64,8 +64,9 @@ class SimulatorWarmStart:
         that missed the SLO by least (as the controller's incumbent rule), so a regime where nothing
         meets the SLO still starts next to the configuration that comes closest."""
         done = [t for t in study.trials if t.value is not None]
-        feasible = sorted((t for t in done if _excess(t) == 0), key=lambda t: t.value, reverse=True)
-        nearest = sorted((t for t in done if _excess(t) > 0), key=_excess)
+        excess = {t.number: slo_excess(t.constraints) for t in done}
+        feasible = sorted((t for t in done if excess[t.number] == 0), key=lambda t: t.value, reverse=True)
+        nearest = sorted((t for t in done if excess[t.number] > 0), key=lambda t: excess[t.number])
         best, seen = [], set()
         for t in feasible + nearest:
             params = self.space.snap(t.params)
@@ -76,8 +77,3 @@ class SimulatorWarmStart:
             if len(best) == self.keep:
                 break
         return best
-
-
-def _excess(trial: optuna.trial.FrozenTrial) -> float:
-    """How far a simulated trial missed the SLO: its positive constraint values, summed."""
-    return sum(max(0.0, v) for v in trial.constraints.values())
