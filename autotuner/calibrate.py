@@ -135,7 +135,6 @@ def calibrate(engine: LLMEngine, num_points: int = 120, repeats: int = 3, holdou
     blocks = engine.block_manager
     points = grid(blocks.num_free_blocks, blocks.block_size, engine.config.max_token_budget, num_points, seed,
                   engine.max_model_len)
-    measure(engine, GridPoint(4, 32, 64, 0), 2)    # warm-up
     shapes, seconds = [], []
     for point in tqdm(points, desc="calibrating", disable=not progress):
         shape, t = measure(engine, point, repeats)

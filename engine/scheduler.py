@@ -57,7 +57,7 @@ class ScheduleResult:
         tokens = context = pairs = sampled = 0
         for s in scheduled:
             n, c, request = s.num_tokens, s.context_len, s.request
-            num_prompt = len(request.prompt_token_ids)
+            num_prompt = request.num_prompt_tokens
             if n == 1 and c >= num_prompt:
                 decodes.append(s)
                 pairs += c + 1
@@ -156,8 +156,8 @@ class Scheduler:
         for request_id, num_tokens in plan.scheduled:
             request = by_id[request_id]
             context = request.num_computed_tokens
-            if context + num_tokens > len(request.block_table) * block_size:
-                grow(request.block_table, context + num_tokens)
+            if context + num_tokens > len(request.block_table) * block_size:   # most steps need no block:
+                grow(request.block_table, context + num_tokens)                # skip the call (every request, every step)
             scheduled.append(ScheduledRequest(request, num_tokens, context))
         return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name)
 

@@ -128,15 +128,14 @@ class Simulator:
         context, pairs = record.context_tokens, record.attended_pairs
         fields = vars(record)
         stop_at = min(next_arrival, t_end)
-        block_size = self.blocks.block_size
         steps_to_block = 0    # steps until some sequence's next token needs a new KV block
         for _ in range(steps_left):
             if self.now >= stop_at:
                 return
             if steps_to_block == 0:
-                if not self._grow_for_next_token(running):
+                steps_to_block = self._grow_for_next_token(running)
+                if steps_to_block == 0:
                     return
-                steps_to_block = min(len(r.block_table) * block_size - r.num_computed_tokens for r in running)
             steps_to_block -= 1
             context += batch            # each sequence attends to one more token than last step
             pairs += batch
@@ -155,16 +154,17 @@ class Simulator:
                 for listener in self.step_listeners:
                     listener(record)
 
-    def _grow_for_next_token(self, running: list[Request]) -> bool:
-        """Give each request the KV block its next token needs; False (nothing taken) if they do not
-        all fit, which is where the policy would preempt."""
+    def _grow_for_next_token(self, running: list[Request]) -> int:
+        """Give each request the KV block its next token needs and return how many tokens they can
+        all take before one needs another; 0 (nothing taken) if they do not all fit, which is where
+        the policy would preempt."""
         capacity = self.blocks.block_size
         short = [r for r in running if r.num_computed_tokens + 1 > len(r.block_table) * capacity]
         if len(short) > self.blocks.num_free_blocks:
-            return False
+            return 0
         for request in short:
             self.blocks.grow(request.block_table, request.num_computed_tokens + 1)
-        return True
+        return min(len(r.block_table) * capacity - r.num_computed_tokens for r in running)
 
     def _emit_token(self, request: Request) -> None:
         request.output_token_ids.append(0)
