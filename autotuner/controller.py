@@ -281,6 +281,11 @@ class Controller:
                 trial.set_user_attr("discarded", "paused or pinned by an operator")
                 self.study.tell(trial, state=TrialState.FAIL)
                 return None
+            if self._workload_changed():
+                # the window would mix two workloads; the next step() switches regimes
+                trial.set_user_attr("discarded", "the workload changed during the window")
+                self.study.tell(trial, state=TrialState.FAIL)
+                return None
             partial = self.target.window(length * quarter / 4)
             if quarter < 4 and self._should_abort(partial):
                 # a real (short) measurement: told as such, so a bad incumbent loses its place too
@@ -296,6 +301,10 @@ class Controller:
             self.study.tell(trial, state=TrialState.FAIL)
             return None
         return window
+
+    def _workload_changed(self) -> bool:
+        signals = WorkloadContext.of(self.target.window(self.settings.context_window_s)).signals()
+        return signals is not None and self.drift.would_fire(signals)
 
     def _should_abort(self, partial: WindowSummary) -> bool:
         """Only while a known-feasible incumbent is there to go back to: under overload every

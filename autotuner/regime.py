@@ -75,7 +75,18 @@ class DriftDetector:
         if self.reference is None:
             self.reset(signals)
             return False
-        for i, (x, ref) in enumerate(zip(signals, self.reference)):
-            self._high[i] = max(0.0, self._high[i] + x - ref - self.slack)
-            self._low[i] = max(0.0, self._low[i] + ref - x - self.slack)
+        self._high, self._low = self._next(signals)
         return max(self._high + self._low) > self.threshold
+
+    def would_fire(self, signals: tuple[float, ...]) -> bool:
+        """Whether feeding `signals` now would raise the alarm, without feeding them: lets a
+        measurement window end early on a workload change without changing the CUSUM's pace."""
+        if self.reference is None:
+            return False
+        high, low = self._next(signals)
+        return max(high + low) > self.threshold
+
+    def _next(self, signals: tuple[float, ...]) -> tuple[list[float], list[float]]:
+        high = [max(0.0, h + x - ref - self.slack) for h, x, ref in zip(self._high, signals, self.reference)]
+        low = [max(0.0, lo + ref - x - self.slack) for lo, x, ref in zip(self._low, signals, self.reference)]
+        return high, low

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 
 import optuna
 import pytest
@@ -147,6 +148,33 @@ def test_drift_detector_ignores_noise_and_catches_a_shift():
     detector = DriftDetector()
     assert not any(detector.update((1.0 + 0.2 * (-1) ** i, 0.0)) for i in range(50))
     assert any(detector.update((4.0, 0.0)) for _ in range(3))
+
+
+def test_drift_peek_leaves_the_detector_as_it_was():
+    detector = DriftDetector()
+    detector.update((1.0, 0.0))
+    assert detector.would_fire((5.0, 0.0)) and not detector.would_fire((1.2, 0.0))
+    assert not detector.update((1.2, 0.0))        # the peeks accumulated nothing
+
+
+def test_a_shift_mid_window_ends_the_window(cost, tmp_path):
+    """Summarization arriving while a chat window measures: that window is discarded at a quarter
+    check instead of running to its end on a mixed workload, and the next step switches regimes."""
+    chat = generate(load_workload("chat"), qps=1.0, duration_s=400, seed=6)
+    summarization = [replace(s, arrival_s=400 + s.arrival_s)
+                     for s in generate(load_workload("summarization"), qps=0.2, duration_s=400, seed=6)]
+    sim, target, controller = sim_controller(cost, tmp_path, Knobs(token_budget=128))
+    controller.settings = settings(min_window_s=100.0, max_window_s=100.0)
+    sim.submit(chat + summarization)
+    while sim.now < 400:
+        controller.step()
+    chat_study = controller.study
+    while controller.study is chat_study and sim.now < 800:
+        controller.step()
+    reasons = [t.user_attrs.get("discarded") for t in chat_study.trials]
+    assert "the workload changed during the window" in reasons
+    assert controller.study is not chat_study
+
 
 
 def test_trust_region_and_snapping():
