@@ -5,6 +5,7 @@ requests. What-if analysis for ops teams, and the controller's fast test bed."""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,24 +40,45 @@ class RunResult:
     goodput_rps: float
     slo_attainment: float | None
     violating_window_fraction: float
+    duration_s: float
+    good_by_phase: dict[str, int]      # requests that met the SLO, per workload phase
 
 
 def evaluate_static(specs: list[RequestSpec], cost: CostModel, policy: str, knobs: Knobs, slo: SLO) -> RunResult:
     run = simulate(specs, cost, policy, knobs, slo)
-    return RunResult(run.summary.goodput_rps, run.summary.slo_attainment, violating_fraction(run.records, slo))
+    phases = [s.phase for s in sorted(specs, key=lambda s: s.arrival_s)]   # the simulator's ids: sim-<index>
+    good = Counter(phases[int(r.request_id.removeprefix("sim-"))] for r in run.records if slo.met_by(r))
+    return RunResult(run.summary.goodput_rps, run.summary.slo_attainment, violating_fraction(run.records, slo),
+                     run.summary.duration_s, dict(good))
+
+
+def static_grid(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str,
+                slo: SLO) -> list[tuple[dict[str, Any], RunResult]]:
+    """Every configuration of the offline grid, each run over the whole workload."""
+    grid = []
+    for budget, priority in itertools.product(STATIC_BUDGETS, STATIC_PRIORITIES):
+        params = space.clamp({"token_budget": budget, "prefill_priority": priority, "max_num_seqs": 256,
+                              "kv_admission_watermark": 0.01})
+        grid.append((params, evaluate_static(specs, cost, policy, Knobs().replace(**params), slo)))
+    return grid
 
 
 def best_static(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str,
                 slo: SLO) -> tuple[dict[str, Any], RunResult]:
     """Offline grid search on the whole workload: the best single configuration in hindsight."""
-    best: tuple[dict[str, Any], RunResult] | None = None
-    for budget, priority in itertools.product(STATIC_BUDGETS, STATIC_PRIORITIES):
-        params = space.clamp({"token_budget": budget, "prefill_priority": priority, "max_num_seqs": 256,
-                              "kv_admission_watermark": 0.01})
-        result = evaluate_static(specs, cost, policy, Knobs().replace(**params), slo)
-        if best is None or result.goodput_rps > best[1].goodput_rps:
-            best = (params, result)
-    return best
+    return best_of(static_grid(specs, cost, space, policy, slo))
+
+
+def best_of(grid: list[tuple[dict[str, Any], RunResult]]) -> tuple[dict[str, Any], RunResult]:
+    return max(grid, key=lambda entry: entry[1].goodput_rps)
+
+
+def per_phase_best_goodput(grid: list[RunResult], duration_s: float) -> float:
+    """Goodput if every phase had run the grid configuration best for it, in hindsight (each
+    phase's good requests taken from the whole-workload runs, so carry-over between phases is the
+    static runs'): about the most that switching configurations between phases can gain."""
+    phases = {phase for result in grid for phase in result.good_by_phase}
+    return sum(max(r.good_by_phase.get(phase, 0) for r in grid) for phase in phases) / duration_s
 
 
 def violating_fraction(records: list[RequestRecord], slo: SLO, window_s: float = REPORT_WINDOW_S) -> float:
@@ -104,11 +126,13 @@ def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
     controller, records, end = tune_on_simulator(specs, cost, state_dir, slo, settings, space, seed)
     duration = end - specs[0].arrival_s
     tuned = summarize_requests(records, slo, duration)
-    static_params, static = best_static(specs, cost, space, settings.policy, slo)
+    grid = static_grid(specs, cost, space, settings.policy, slo)
+    static_params, static = best_of(grid)
     baselines = {name: evaluate_static(specs, cost, policy, knobs, slo)
                  for name, (policy, knobs) in VLLM_DEFAULTS.items()}
     goodput = {"tuned": tuned.goodput_rps, "best_static": static.goodput_rps,
-               **{name: r.goodput_rps for name, r in baselines.items()}}
+               **{name: r.goodput_rps for name, r in baselines.items()},
+               "per_phase_best": per_phase_best_goodput([r for _, r in grid], static.duration_s)}
     return {
         "goodput_rps": goodput,
         "ratio_tuned_over": {k: (goodput["tuned"] / v if v else None) for k, v in goodput.items() if k != "tuned"},

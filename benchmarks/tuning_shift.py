@@ -132,7 +132,7 @@ def run_one(name: str, specs, prompts, static: dict, slo: SLO, args: argparse.Na
     result = {"goodput_rps": run.summary.goodput_rps, "slo_attainment": run.summary.slo_attainment,
               "violating_window_fraction": violating_fraction(records, slo),
               "ttft_p50_s": run.summary.ttft_p50_s, "tbt_p99_s": run.summary.tbt_p99_s,
-              "failed": run.summary.num_failed, "load_avg_1m_after": os.getloadavg()[0], "workdir": workdir}
+              "failed": run.summary.num_failed, "workdir": workdir}
     if name == "tuned":
         result["controller"] = controller_windows(state_dir)
     print(f"{name}: {json.dumps({k: v for k, v in result.items() if k != 'controller'})}", file=sys.stderr)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +82,11 @@ class CostModel:
         tokens = prefill + decode
         return (c0 + tok * tokens + root * math.sqrt(tokens) + samp * sampled + ctx * context
                 + pair * pairs + seq * seqs)
+
+    def scaled(self, factor: float) -> CostModel:
+        """Every prediction times `factor` (the model is linear in its coefficients)."""
+        return replace(self, coefficients=tuple(c * factor for c in self.coefficients),
+                       notes=self.notes | {"speed_factor": f"{factor:.3f}"})
 
     def mape(self, shapes: list[StepShape], seconds: list[float]) -> float:
         predicted = np.array([self.predict(s) for s in shapes])

@@ -13,7 +13,7 @@ from optuna.trial import TrialState, create_trial
 from autotuner.controller import Controller, ControllerSettings, best_configuration
 from autotuner.regime import DriftDetector
 from autotuner.search_space import load_search_space
-from autotuner.sim_tuning import STATIC_BUDGETS, tune_on_simulator
+from autotuner.sim_tuning import STATIC_BUDGETS, RunResult, evaluate_static, per_phase_best_goodput, tune_on_simulator
 from autotuner.simulation import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
@@ -70,6 +70,16 @@ def test_shift_is_detected_and_each_regime_gets_its_own_study(cost, tmp_path):
     assert min(d["t"] for d in drifts) - phase_change < 200     # detected within a few windows
     assert len(controller.state.regimes()) >= 2
     assert len(records) == len(specs)
+
+
+def test_per_phase_best_takes_each_phases_best_configuration(cost):
+    specs = generate(load_workload("shift"), qps=1.0, duration_s=300, seed=7)
+    small = evaluate_static(specs, cost, "adaptive", Knobs(token_budget=64), SLO_)
+    assert set(small.good_by_phase) <= {"chat-1", "summarization", "chat-2"}
+    assert sum(small.good_by_phase.values()) == pytest.approx(small.goodput_rps * small.duration_s)
+    runs = [RunResult(0.0, None, 0.0, 10.0, {"chat": 10, "summarization": 2}),
+            RunResult(0.0, None, 0.0, 10.0, {"chat": 4, "summarization": 8})]
+    assert per_phase_best_goodput(runs, 10.0) == pytest.approx(1.8)
 
 
 def test_bad_trial_is_rolled_back_within_one_window(cost, tmp_path):
