@@ -116,6 +116,17 @@ class Controller:
         self._decide("pin", None, knobs, None)
         return knobs
 
+    def cold_start(self, budget: int | None) -> None:
+        """Before any regime is known: no larger token budget than `budget` (from the cost model and
+        the TBT SLO), so the first minute of traffic does not run on steps that break the SLO."""
+        knobs = self.target.knobs()
+        if budget is None or knobs.token_budget <= budget:
+            return
+        knobs = knobs.replace(token_budget=budget)
+        self._apply(self.settings.policy, knobs)
+        self.last_good = knobs
+        self._decide("cold-start", None, knobs, None)
+
     # -- the loop --
     def run(self, stop: threading.Event) -> None:
         """Live: one window after another until `stop`; a failing window never stops serving."""

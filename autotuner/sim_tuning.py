@@ -13,12 +13,12 @@ import numpy as np
 
 from optuna.trial import TrialState
 
-from autotuner.controller import Controller, ControllerSettings, best_configuration
+from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings, best_configuration
 from autotuner.search_space import SearchSpace, load_search_space
 from autotuner.simulation import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
-from autotuner.warm_start import SimulatorWarmStart
+from autotuner.warm_start import SimulatorWarmStart, slo_token_budget
 from autotuner.workload import RequestSpec
 from engine.cost_model import CostModel
 from engine.outputs import RequestRecord
@@ -111,6 +111,7 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
                               lambda s: telemetry.recent_requests(s, now=sim.now), settings.warm_start_trials,
                               settings.warm_start_enqueue, seed)
     controller = Controller(target, space, TunerState(state_dir, seed), slo, settings, warm)
+    controller.cold_start(slo_token_budget(cost, slo, space, SLO_HEADROOM))
     sim.submit(specs)
     last_arrival = specs[-1].arrival_s
     while sim.now < last_arrival:

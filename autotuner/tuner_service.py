@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from autotuner.controller import Controller, ControllerSettings
+from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings
 from autotuner.search_space import load_search_space
 from autotuner.simulation import find_cost_model
 from autotuner.targets import EngineTarget
 from autotuner.tuner_state import TunerState
-from autotuner.warm_start import SimulatorWarmStart
+from autotuner.warm_start import SimulatorWarmStart, slo_token_budget
 from engine.cost_model import CostModel, StepShape
 from engine.llm_engine import LLMEngine
 from engine.outputs import StepRecord
@@ -97,6 +97,7 @@ class TunerService:
                                   telemetry.recent_requests, self.settings.warm_start_trials,
                                   self.settings.warm_start_enqueue)
         self.controller = Controller(target, self.space, state, self.slo, self.settings, warm)
+        self.controller.cold_start(slo_token_budget(self.cost.current(), self.slo, self.space, SLO_HEADROOM))
         self.controller.listeners.append(self.metrics.on_decision)
         self._thread = threading.Thread(target=self.controller.run, args=(self.stop_event,), name="tuner",
                                         daemon=True)

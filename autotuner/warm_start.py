@@ -22,6 +22,20 @@ from telemetry.window import SLO, WindowSummary
 NUM_REQUESTS = 200
 
 
+def slo_token_budget(cost: CostModel, slo: SLO, space: SearchSpace, headroom: float) -> int | None:
+    """Sarathi-Serve's rule, from the cost model before any traffic is seen: the largest budget (a
+    tile multiple in the search space) whose step, a chunk of that many prompt tokens, is predicted
+    within the TBT SLO less `headroom`; the space's lowest budget if none is. None if the budget is
+    not tuned."""
+    budget = next((r for r in space.ranges if r.name == "token_budget"), None)
+    if budget is None:
+        return None
+    step = budget.step or 1
+    fits = [b for b in range(int(budget.low), int(budget.high) + 1, step)
+            if cost.predict_counts(b, 0, 1, b, b * (b + 1) // 2, 1) <= (1 - headroom) * slo.tbt_s]
+    return max(fits, default=int(budget.low))
+
+
 def observed_workload(samples: list[RequestRecord], rate_rps: float, seed: int = 0,
                       num_requests: int = NUM_REQUESTS) -> list[RequestSpec]:
     """Poisson arrivals at the observed rate, (prompt, output) lengths resampled from finished requests."""

@@ -160,6 +160,14 @@ def test_drift_detector_ignores_noise_and_catches_a_shift():
     assert any(detector.update((4.0, 0.0)) for _ in range(3))
 
 
+def test_cold_start_only_lowers_the_budget(cost, tmp_path):
+    _, target, controller = sim_controller(cost, tmp_path, Knobs(token_budget=512))
+    controller.cold_start(128)
+    assert target.knobs().token_budget == 128 and controller.last_good.token_budget == 128
+    controller.cold_start(256)
+    assert target.knobs().token_budget == 128
+
+
 def test_drift_peek_leaves_the_detector_as_it_was():
     detector = DriftDetector()
     detector.update((1.0, 0.0))
