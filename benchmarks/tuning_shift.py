@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from autotuner.prompts import PromptSource, load_prompt_tokenizer
 from autotuner.search_space import load_search_space
 from autotuner.sim_tuning import VLLM_DEFAULTS, best_static, violating_fraction
 from autotuner.simulation import find_cost_model
-from autotuner.workload import generate, load_workload
+from autotuner.workload import RequestSpec, generate, load_workload
 from engine.outputs import RequestRecord
 from telemetry.window import SLO
 
@@ -118,7 +119,8 @@ def controller_windows(state_dir: str) -> dict:
                        round(d["knobs"]["prefill_priority"], 2), d["violated"]) for d in measured]}
 
 
-def run_one(name: str, specs, prompts, static: dict, slo: SLO, args: argparse.Namespace) -> dict:
+def run_one(name: str, specs: list[RequestSpec], prompts: list, static: dict, slo: SLO,
+            args: argparse.Namespace) -> dict:
     workdir = tempfile.mkdtemp(prefix=f"tuning_shift_{name}_")
     state_dir = os.path.join(workdir, "state")
     proc = start_daemon(daemon_settings(name, static, slo, args, state_dir), workdir)
@@ -129,10 +131,11 @@ def run_one(name: str, specs, prompts, static: dict, slo: SLO, args: argparse.Na
     finally:
         stop_daemon(proc)
     records = [from_start(r.record(run.start + options.max_duration_s), run.start) for r in run.results]
+    good_by_phase = Counter(r.spec.phase for r, record in zip(run.results, records) if slo.met_by(record))
     result = {"goodput_rps": run.summary.goodput_rps, "slo_attainment": run.summary.slo_attainment,
               "violating_window_fraction": violating_fraction(records, slo),
               "ttft_p50_s": run.summary.ttft_p50_s, "tbt_p99_s": run.summary.tbt_p99_s,
-              "failed": run.summary.num_failed, "workdir": workdir}
+              "failed": run.summary.num_failed, "good_by_phase": dict(good_by_phase), "workdir": workdir}
     if name == "tuned":
         result["controller"] = controller_windows(state_dir)
     print(f"{name}: {json.dumps({k: v for k, v in result.items() if k != 'controller'})}", file=sys.stderr)
