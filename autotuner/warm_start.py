@@ -58,7 +58,7 @@ class SimulatorWarmStart:
         if len(samples) < 5 or observed.arrival_rate_rps <= 0 or self.trials < 1:
             return []
         specs = observed_workload(samples, observed.arrival_rate_rps, self.seed)
-        cost = self.cost()      # the live daemon's is refitted from its own recent steps
+        cost = self.cost()      # the live daemon's is scaled to the speed of its own recent steps
         study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=self.seed))
         study.optimize(lambda trial: self._objective(trial, specs, cost), n_trials=self.trials)
         return self._best(study)
