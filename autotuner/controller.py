@@ -242,9 +242,11 @@ class Controller:
     # -- measuring --
     def window_seconds(self, observed: WindowSummary | None = None) -> float:
         """Long enough for `min_requests` finished requests and `min_tbt_samples` token gaps at the
-        current rates (so P99 TBT rests on ~10 gaps above it), within [min, max]."""
+        current rates (so P99 TBT rests on ~10 gaps above it), within [min, max]. The rates are read
+        over the context window: at 0.2 requests/s, 10 s hold two arrivals or none, and a window
+        sized on none was too short to count (measured on the real daemon)."""
         s = self.settings
-        observed = observed or self.target.window(s.min_window_s)
+        observed = observed or self.target.window(s.context_window_s)
         need = s.min_window_s
         if observed.arrival_rate_rps > 0:
             need = max(need, s.min_requests / observed.arrival_rate_rps)

@@ -17,7 +17,7 @@ from autotuner.sim_tuning import STATIC_BUDGETS, RunResult, evaluate_static, per
 from autotuner.simulation import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
-from autotuner.workload import generate, load_workload
+from autotuner.workload import RequestSpec, generate, load_workload
 from engine.cost_model import CostModel
 from policies import Knobs
 from telemetry.window import SLO, TelemetryWindow
@@ -158,6 +158,15 @@ def test_drift_detector_ignores_noise_and_catches_a_shift():
     detector = DriftDetector()
     assert not any(detector.update((1.0 + 0.2 * (-1) ** i, 0.0)) for i in range(50))
     assert any(detector.update((4.0, 0.0)) for _ in range(3))
+
+
+def test_window_length_reads_rates_over_the_context_window(cost, tmp_path):
+    """A quiet last 10 s at a low rate must not shrink the window below what 20 requests need."""
+    specs = [RequestSpec(3.0 * i, 64, 16, "chat") for i in range(20)]   # one request per 3 s, then quiet
+    sim, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=128))
+    sim.submit(specs)
+    sim.run_until(75.0)
+    assert controller.window_seconds() == controller.settings.max_window_s   # 20 / (15 per 60 s) > 60 s
 
 
 def test_cold_start_only_lowers_the_budget(cost, tmp_path):
