@@ -24,8 +24,8 @@ from telemetry.prometheus import P
 from telemetry.window import SLO, TelemetryWindow
 
 log = logging.getLogger(__name__)
-REFIT_STEPS = 2000          # live steps kept for rescaling the cost model
-MIN_REFIT_STEPS = 200
+LIVE_STEPS = 2000           # live steps kept for the cost model's speed factor
+MIN_LIVE_STEPS = 200
 SPEED_FACTOR_RANGE = (0.5, 2.0)   # a live machine further off its calibration than this wants a recalibration
 
 
@@ -37,14 +37,14 @@ class OnlineCostModel:
 
     def __init__(self, base: CostModel) -> None:
         self.base = base
-        self._steps: deque[StepRecord] = deque(maxlen=REFIT_STEPS)
+        self._steps: deque[StepRecord] = deque(maxlen=LIVE_STEPS)
 
     def on_step(self, record: StepRecord) -> None:
         self._steps.append(record)
 
     def current(self) -> CostModel:
         steps = list(self._steps)
-        if len(steps) < MIN_REFIT_STEPS:
+        if len(steps) < MIN_LIVE_STEPS:
             return self.base
         ratios = [r.duration_s / self.base.predict(StepShape.of(r)) for r in steps]
         low, high = SPEED_FACTOR_RANGE
@@ -97,8 +97,8 @@ class TunerService:
                                   telemetry.recent_requests, self.settings.warm_start_trials,
                                   self.settings.warm_start_enqueue)
         self.controller = Controller(target, self.space, state, self.slo, self.settings, warm)
-        self.controller.cold_start(slo_token_budget(self.cost.current(), self.slo, self.space, SLO_HEADROOM))
         self.controller.listeners.append(self.metrics.on_decision)
+        self.controller.cold_start(slo_token_budget(self.cost.current(), self.slo, self.space, SLO_HEADROOM))
         self._thread = threading.Thread(target=self.controller.run, args=(self.stop_event,), name="tuner",
                                         daemon=True)
         self._thread.start()

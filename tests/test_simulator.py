@@ -140,13 +140,13 @@ def test_an_unreadable_state_dir_calibration_falls_back_to_the_shipped_one(tmp_p
 def test_online_cost_model_follows_the_machine_speed_without_extrapolating():
     """Live steps all at one small budget running 1.5x slower than calibrated: the daemon's model
     becomes 1.5x slower at every size, including sizes the live steps never had."""
-    from autotuner.tuner_service import MIN_REFIT_STEPS, OnlineCostModel
+    from autotuner.tuner_service import MIN_LIVE_STEPS, OnlineCostModel
     from engine.outputs import StepRecord
 
     base = CostModel.load(SHIPPED_COST_MODEL)
     online = OnlineCostModel(base)
     assert online.current() is base                       # too few steps yet
-    for i in range(MIN_REFIT_STEPS):
+    for i in range(MIN_LIVE_STEPS):
         shape = StepShape(32, 4, 5, 2000, 3000, 5)
         online.on_step(StepRecord(i, float(i), 1.5 * base.predict(shape), 32, 4, 1, 5, 0, 0, 0.1, 2000, 3000, 5,
                                   0.0, 0.0, 0.0, 0.0, "sarathi", 0))
