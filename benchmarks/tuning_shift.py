@@ -109,9 +109,9 @@ def from_start(record: RequestRecord, start: float) -> RequestRecord:
 
 def controller_windows(state_dir: str) -> dict:
     """The tuned daemon's own measured windows and how many broke the SLO (decisions.jsonl)."""
-    path = os.path.join(state_dir, "decisions.jsonl")
-    measured = [d for d in map(json.loads, open(path))] if os.path.exists(path) else []
-    measured = [d for d in measured if d.get("violated") is not None]
+    path = Path(state_dir) / "decisions.jsonl"
+    decisions = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    measured = [d for d in decisions if d.get("violated") is not None]
     exploring = [d for d in measured if d["action"] in ("trial", "abort")]
     return {"windows": len(measured), "violating": sum(d["violated"] for d in measured),
             "exploring": len(exploring), "exploring_violating": sum(d["violated"] for d in exploring),
