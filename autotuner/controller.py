@@ -217,8 +217,7 @@ class Controller:
             if queued or (within and _within_limits(params, limit) == params):
                 trial.set_user_attr("source", trial.user_attrs.get("source", "live"))
                 return trial, params
-            trial.set_user_attr("rejected", "outside trust region" if not within else "no SLO headroom")
-            self.study.tell(trial, state=TrialState.FAIL)
+            self._fail(trial, "rejected", "outside trust region" if not within else "no SLO headroom")
         projected = _within_limits(self.space.project(params, incumbent, self.settings.trust_radius), limit)
         self.study.enqueue_trial(projected, user_attrs={"source": "live"})
         trial = self.study.ask(dists)
@@ -260,8 +259,7 @@ class Controller:
             knobs = self._knobs_for(params)
             self._apply(params.get("policy", self.settings.policy), knobs)
         except ValueError as e:                    # never applied: outside what the engine accepts
-            trial.set_user_attr("rejected", str(e))
-            self.study.tell(trial, state=TrialState.FAIL)
+            self._fail(trial, "rejected", str(e))
             return
         self._since_recheck = 0 if action == "recheck" else self._since_recheck + 1
         try:
@@ -291,14 +289,9 @@ class Controller:
         for quarter in range(1, 5):
             self.target.wait(length / 4)
             if self.paused or self.pinned:           # an operator took over mid-window: measure nothing
-                trial.set_user_attr("discarded", "paused or pinned by an operator")
-                self.study.tell(trial, state=TrialState.FAIL)
-                return None
-            if self._workload_changed():
-                # the window would mix two workloads; the next step() switches regimes
-                trial.set_user_attr("discarded", "the workload changed during the window")
-                self.study.tell(trial, state=TrialState.FAIL)
-                return None
+                return self._fail(trial, "discarded", "paused or pinned by an operator")
+            if self._workload_changed():             # a window mixing two workloads; the next step switches regimes
+                return self._fail(trial, "discarded", "the workload changed during the window")
             partial = self.target.window(length * quarter / 4)
             if quarter < 4 and self._should_abort(partial):
                 # a real (short) measurement: told as such, so a bad incumbent loses its place too
@@ -310,10 +303,14 @@ class Controller:
                 return None
         window = self.target.window(length)
         if window.num_finished < self.settings.min_requests // 2:
-            trial.set_user_attr("discarded", f"{window.num_finished} requests finished in the window")
-            self.study.tell(trial, state=TrialState.FAIL)
-            return None
+            return self._fail(trial, "discarded", f"{window.num_finished} requests finished in the window")
         return window
+
+    def _fail(self, trial: optuna.Trial, kind: str, reason: str) -> None:
+        """Tell the study this trial measured nothing: `kind` is rejected (never applied) or
+        discarded (applied, but its window does not count), `reason` says why."""
+        trial.set_user_attr(kind, reason)
+        self.study.tell(trial, state=TrialState.FAIL)
 
     def _workload_changed(self) -> bool:
         signals = WorkloadContext.of(self.target.window(self.settings.context_window_s)).signals()
