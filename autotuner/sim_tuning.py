@@ -102,7 +102,7 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
                       initial: Knobs | None = None) -> tuple[Controller, list[RequestRecord], float]:
     """Serve `specs` on the simulator with the controller retuning it window after window."""
     space = space or load_search_space()
-    sim = make_simulator(cost, settings.policy, initial or Knobs())
+    sim = make_simulator(cost, settings.policy, initial or Knobs(), slo)
     telemetry = TelemetryWindow(slo, clock=lambda: sim.now)
     target = SimulatedTarget(sim, telemetry)
     records: list[RequestRecord] = []

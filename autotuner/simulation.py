@@ -11,6 +11,7 @@ from autotuner.workload import RequestSpec
 from engine.cost_model import CostModel
 from engine.outputs import RequestRecord
 from engine.simulator import Simulator
+from engine.slo_class import shipped_slo_classes
 from policies import Knobs
 from telemetry.latency_summary import LatencySummary, summarize_requests
 from telemetry.window import SLO
@@ -46,14 +47,18 @@ class SimulatedRun:
     num_rejected: int
 
 
-def make_simulator(cost: CostModel, policy: str, knobs: Knobs) -> Simulator:
-    return Simulator(cost, cost.kv_blocks, cost.block_size, policy, knobs)
+def make_simulator(cost: CostModel, policy: str, knobs: Knobs, slo: SLO | None = None) -> Simulator:
+    """Requests of the default SLO class get `slo`'s targets (the run's --slo flags)."""
+    classes = shipped_slo_classes()
+    if slo is not None:
+        classes = classes.with_default_targets(slo.ttft_s, slo.tbt_s)
+    return Simulator(cost, cost.kv_blocks, cost.block_size, policy, knobs, slo_classes=classes)
 
 
 def simulate(specs: list[RequestSpec], cost: CostModel, policy: str = "sarathi", knobs: Knobs | None = None,
              slo: SLO | None = None) -> SimulatedRun:
     """Every request through to its end; rates are over first arrival to last finish."""
-    sim = make_simulator(cost, policy, knobs or Knobs())
+    sim = make_simulator(cost, policy, knobs or Knobs(), slo)
     records: list[RequestRecord] = []
     sim.finish_listeners.append(records.append)
     sim.submit(specs)

@@ -29,6 +29,7 @@ class RequestSpec:
     prompt_tokens: int
     output_tokens: int    # exact: clients send max_tokens=this with ignore_eos
     phase: str            # name of the workload phase it came from
+    slo_class: str | None = None   # the SLO class the request asks for (None: the server's default)
 
 
 # ---- arrival processes -------------------------------------------------------------------------

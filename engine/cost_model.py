@@ -67,6 +67,7 @@ class CostModel:
     device: str = ""
     kv_blocks: int = 0                       # the calibrated engine's KV pool, which the simulator copies
     block_size: int = 16
+    tile_tokens: int = 1                     # prefill chunks of a multiple of this are cheapest per token (GPU tiles)
     fit_mape: float | None = None            # on the steps it was fitted to
     holdout_mape: float | None = None        # on steps kept out of the fit
     num_samples: int = 0

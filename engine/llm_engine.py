@@ -169,6 +169,7 @@ class LLMEngine:
         self.scheduler.commit(result)
         self.last_logits = out.logits
         now = time.monotonic()
+        self.scheduler.error_budget.observe(sampling, now)
         gaps = token_gaps(sampling, now)
         outputs = [self._append_or_fail(r, out.tokens[r.request_id], now) for r in sampling]
         self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing, gaps)
@@ -269,4 +270,5 @@ def request_record(request: Request) -> RequestRecord:
     t = request.timings
     return RequestRecord(request.request_id, t.arrival, t.first_token, t.finished, tuple(t.token_times),
                          request.num_prompt_tokens, request.num_output_tokens, request.params.max_tokens,
-                         request.finish_reason.value, request.num_preemptions)
+                         request.finish_reason.value, request.num_preemptions, request.slo.name, request.slo.ttft_s,
+                         request.slo.tbt_s)

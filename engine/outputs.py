@@ -58,6 +58,9 @@ class RequestRecord:
     max_tokens: int
     finish_reason: str
     num_preemptions: int
+    slo_class: str = "interactive"
+    slo_ttft_s: float | None = None     # the class's targets (None: judge by the reader's SLO)
+    slo_tbt_s: float | None = None
 
     @property
     def ttft_s(self) -> float | None:

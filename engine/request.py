@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
+from engine.slo_class import DEFAULT_CLASS, SloClass
 
 
 class RequestStatus(enum.Enum):
@@ -46,15 +47,20 @@ class Request:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     output_text: str = ""
+    slo: SloClass = DEFAULT_CLASS
     timings: RequestTimings = field(init=False)
     # plain attributes, not properties: policies read them for every request on every step
     num_prompt_tokens: int = field(init=False)
     max_tokens: int = field(init=False)
+    ttft_deadline: float = field(init=False)     # arrival + the class's TTFT target
+    tbt_target_s: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.timings = RequestTimings(self.arrival_time)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.max_tokens = self.params.max_tokens
+        self.ttft_deadline = self.arrival_time + self.slo.ttft_s
+        self.tbt_target_s = self.slo.tbt_s
 
     # -- the read-only view policies see (policies.view.SequenceState) --
     @property
@@ -68,6 +74,11 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def last_token_time(self) -> float | None:
+        times = self.timings.token_times
+        return times[-1] if times else None
 
     @property
     def is_finished(self) -> bool:

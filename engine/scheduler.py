@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from engine.block_manager import BlockManager
+from engine.error_budget import ErrorBudget
 from engine.request import FinishReason, Request, RequestStatus
 from policies import BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
+from policies.view import StepCost
 
 
 class ScheduledRequest(NamedTuple):   # a named tuple: made for every request every step, cheaper than a frozen dataclass
@@ -85,6 +87,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_steps = 0
         self._by_id: dict[str, Request] = {}   # every unfinished request, for applying plans by id
+        self.cost: StepCost | None = None      # step-time model for policies that size steps by time
+        self.error_budget = ErrorBudget()      # the engine and the simulator report each step's gaps
 
     # -- changes from other threads, applied at the next step boundary --
     def set_knobs(self, knobs: Knobs) -> None:
@@ -143,8 +147,10 @@ class Scheduler:
     # -- one step --
     def schedule(self) -> ScheduleResult:
         self._apply_pending()
+        now = self.clock()
+        tolerated, long = self.error_budget.state(now)
         view = SchedulerView(self.running, self.waiting, self.blocks.num_free_blocks, self.blocks.num_blocks,
-                             self.blocks.block_size, self.clock(), self.num_steps)
+                             self.blocks.block_size, now, self.num_steps, self.cost, tolerated, long)
         self.num_steps += 1
         plan = self.policy.plan(view, self.knobs)
         self._check(plan)

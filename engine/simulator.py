@@ -22,6 +22,7 @@ from engine.outputs import RequestRecord, StepRecord
 from engine.request import FinishReason, Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduleResult, Scheduler
+from engine.slo_class import SloClasses, shipped_slo_classes
 from policies import Knobs
 
 IDLE_TICK_S = 0.001   # how far the clock moves when a policy schedules nothing while work waits
@@ -33,16 +34,20 @@ class RequestLike(Protocol):
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    slo_class: str | None
+
 
 
 class Simulator:
     def __init__(self, cost: CostModel, num_blocks: int, block_size: int = 16, policy: str = "sarathi",
-                 knobs: Knobs | None = None, coast: bool = True) -> None:
+                 knobs: Knobs | None = None, coast: bool = True, slo_classes: SloClasses | None = None) -> None:
         self.cost = cost
+        self.slo_classes = slo_classes or shipped_slo_classes()
         self.coast = coast    # replay pure-decode stretches without asking the policy (same result, faster)
         self.now = 0.0
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, policy, knobs, clock=lambda: self.now)
+        self.scheduler.cost = cost      # the deadline policy prices steps with the model that times them
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self.finish_listeners: list[Callable[[RequestRecord], None]] = []
         self.arrival_listeners: list[Callable[[Request], None]] = []
@@ -63,7 +68,8 @@ class Simulator:
     def _arrive(self, item: RequestLike) -> None:
         # prompt ids are never read: a range has the right length and costs nothing
         params = SamplingParams(max_tokens=item.output_tokens, ignore_eos=True)
-        request = Request(f"sim-{self._ids}", range(item.prompt_tokens), params, item.arrival_s)  # type: ignore[arg-type]
+        request = Request(f"sim-{self._ids}", range(item.prompt_tokens), params, item.arrival_s,  # type: ignore[arg-type]
+                          slo=self.slo_classes.get(getattr(item, "slo_class", None)))
         self._ids += 1
         for listener in self.arrival_listeners:
             listener(request)
@@ -102,6 +108,7 @@ class Simulator:
         self.now += duration
         self.scheduler.commit(result)
         sampling = [s.request for s in result.scheduled if s.samples]
+        self.scheduler.error_budget.observe(sampling, self.now)
         gaps = token_gaps(sampling, self.now) if self.step_listeners else ()
         for request in sampling:
             self._emit_token(request)
@@ -128,6 +135,8 @@ class Simulator:
         context, pairs = record.context_tokens, record.attended_pairs
         fields = vars(record)
         stop_at = min(next_arrival, t_end)
+        budget = self.scheduler.error_budget
+        tolerated = sum(1.0 - r.slo.tbt_percentile / 100.0 for r in running)
         steps_to_block = 0    # steps until some sequence's next token needs a new KV block
         for _ in range(steps_left):
             if self.now >= stop_at:
@@ -141,6 +150,7 @@ class Simulator:
             pairs += batch
             start, duration = self.now, self.cost.predict_counts(0, batch, batch, context, pairs, batch)
             self.now += duration
+            budget.add(self.now, tolerated, sum(duration > r.tbt_target_s for r in running))
             for request in running:
                 request.num_computed_tokens += 1
                 request.output_token_ids.append(0)

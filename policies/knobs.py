@@ -48,6 +48,10 @@ KNOB_SPECS: dict[str, KnobSpec] = {
                                 "whose KV is reserved before admitting more (SGLang's new_token_ratio)"),
     "kv_high_watermark": KnobSpec(float, 0.05, 1, help="KV usage at which prefill-priority turns to decodes first"),
     "kv_low_watermark": KnobSpec(float, 0, 1, help="KV usage below which prefill-priority admits again"),
+    "step_headroom": KnobSpec(float, 0.1, 2, help="share of the tightest running decode's TBT slack a step's "
+                              "predicted time may fill (deadline policy)"),
+    "error_budget": KnobSpec(float, 0, 1, help="share of the long token gaps the TBT percentile tolerates that "
+                             "steps may spend on prompts whose TTFT is at risk (deadline policy)"),
     "queue_order": KnobSpec(str, choices=("fcfs", "spf"), help="waiting queue order: first come first served, "
                             "or shortest prompt first"),
 }
@@ -65,6 +69,8 @@ class Knobs:
     kv_high_watermark: float = 0.9
     kv_low_watermark: float = 0.7
     queue_order: str = "fcfs"
+    step_headroom: float = 0.9
+    error_budget: float = 0.5
     version: int = 0
 
     def __post_init__(self) -> None:

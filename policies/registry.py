@@ -6,6 +6,7 @@ from typing import Protocol
 
 from policies.adaptive import AdaptivePolicy
 from policies.classic import ChunkedAlternatingPolicy, OrcaPolicy, PrefillFirstPolicy, RequestLevelPolicy
+from policies.deadline import DeadlinePolicy
 from policies.knobs import Knobs
 from policies.plan import BatchPlan
 from policies.prefill_priority import PrefillPriorityPolicy
@@ -23,7 +24,7 @@ class Policy(Protocol):
 
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
     PrefillFirstPolicy, RequestLevelPolicy, OrcaPolicy, ChunkedAlternatingPolicy, SarathiPolicy,
-    PrefillPriorityPolicy, AdaptivePolicy)}
+    PrefillPriorityPolicy, AdaptivePolicy, DeadlinePolicy)}
 
 
 def get_policy(name: str) -> Policy:

@@ -26,6 +26,21 @@ class SequenceState(Protocol):
     def num_output_tokens(self) -> int: ...
     @property
     def max_tokens(self) -> int: ...             # the request's output limit
+    @property
+    def ttft_deadline(self) -> float: ...        # arrival + its SLO class's TTFT target
+    @property
+    def tbt_target_s(self) -> float: ...         # its SLO class's TBT target
+    @property
+    def last_token_time(self) -> float | None: ...
+
+
+class StepCost(Protocol):
+    """A step-time model (engine.cost_model.CostModel has it): seconds for a step of this shape."""
+
+    tile_tokens: int                             # prefill chunks of a multiple of this are cheapest per token
+
+    def predict_counts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int,
+                       seqs: int) -> float: ...
 
 
 def remaining_tokens(seq: SequenceState) -> int:
@@ -51,6 +66,9 @@ class SchedulerView:
     block_size: int
     now: float = 0.0
     step: int = 0                       # engine step counter, for policies that alternate
+    cost: StepCost | None = None        # the engine's step-time model, for policies that size steps by time
+    tolerated_long_gaps: float = 0.0    # token gaps over their TBT target that the SLO percentile tolerates
+    long_gaps: int = 0                  # ... and those that happened, over the same recent horizon
 
     def blocks_needed(self, seq: SequenceState, num_new_tokens: int) -> int:
         """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens."""

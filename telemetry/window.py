@@ -25,10 +25,13 @@ class SLO:
     tbt_percentile: float = 99.0   # of each request's own gaps
 
     def met_by(self, r: RequestRecord) -> bool:
-        if r.finish_reason not in ("stop", "length") or r.ttft_s is None or r.ttft_s > self.ttft_s:
+        """Judged by the request's own SLO class targets where it carries them, else by these."""
+        ttft_s = r.slo_ttft_s if r.slo_ttft_s is not None else self.ttft_s
+        tbt_s = r.slo_tbt_s if r.slo_tbt_s is not None else self.tbt_s
+        if r.finish_reason not in ("stop", "length") or r.ttft_s is None or r.ttft_s > ttft_s:
             return False
         gaps = r.tbt_s
-        return not gaps or float(np.percentile(gaps, self.tbt_percentile)) <= self.tbt_s
+        return not gaps or float(np.percentile(gaps, self.tbt_percentile)) <= tbt_s
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def cost():
 
 
 def sim_controller(cost, tmp_path, knobs: Knobs, target_class=SimulatedTarget):
-    sim = make_simulator(cost, "adaptive", knobs)
+    sim = make_simulator(cost, "adaptive", knobs, SLO_)
     target = target_class(sim, TelemetryWindow(SLO_, clock=lambda: sim.now))
     return sim, target, Controller(target, load_search_space(), TunerState(tmp_path), SLO_, settings(), None)
 

@@ -1,0 +1,162 @@
+"""Deadline-aware steps (Niyama's per-step sizing, with the SLO percentile as an error budget).
+
+Each step: every running decode first (stall-free, as Sarathi-Serve); then prefill chunks in
+earliest-TTFT-deadline order, each as large as the step-time model predicts still fits
+`step_headroom x` the tightest running decode's TBT slack (its class's TBT target minus the time
+since its last token). A decode that just got a token can absorb a long step, a late one cannot;
+with no decode running, only the token budget caps the step. The token budget stays a hard cap.
+
+Two ways past the slack, both bounded:
+- `prefill_priority` x budget is a floor of prefill tokens per step while prompts wait, so decode
+  overload cannot stop admission (0 = deadlines only);
+- a prompt whose TTFT the slack-sized pace would miss, and that one whole-prompt step can still
+  rescue, gets that step if the error budget (the long gaps the TBT percentile tolerates over the
+  recent horizon, times `error_budget`) covers every decode the longer step makes late.
+
+Queue order is earliest deadline first (arrival + the class's TTFT target), so a request is passed
+only by requests whose deadline is earlier: a batch request (TTFT 30 s) by interactive ones
+(TTFT 2 s) that arrived less than 28 s after it, never by later ones. Without a step-time model
+the policy is Sarathi's under the budget, in deadline order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from policies.knobs import Knobs
+from policies.plan import BatchPlan
+from policies.step_builder import StepBuilder
+from policies.view import SchedulerView, SequenceState, StepCost, remaining_tokens
+
+UNBOUNDED = math.inf
+
+
+class StepTime:
+    """The shape of the step planned so far, priced by the step-time model."""
+
+    def __init__(self, cost: StepCost) -> None:
+        self.cost = cost
+        self.prefill = self.decode = self.sampled = self.context = self.pairs = self.seqs = 0
+
+    def add_decodes(self, decodes: Sequence[SequenceState]) -> None:
+        for seq in decodes:
+            context = seq.num_computed_tokens + 1
+            self.decode += 1
+            self.sampled += 1
+            self.context += context
+            self.pairs += context
+            self.seqs += 1
+
+    def seconds(self) -> float:
+        return self.cost.predict_counts(self.prefill, self.decode, self.sampled, self.context, self.pairs,
+                                        self.seqs)
+
+    def with_chunk(self, seq: SequenceState, n: int) -> float:
+        """The step's predicted time if `seq` also gets an `n`-token prefill chunk."""
+        c = seq.num_computed_tokens
+        return self.cost.predict_counts(self.prefill + n, self.decode, self.sampled + (c + n == seq.num_tokens),
+                                        self.context + c + n, self.pairs + n * c + n * (n + 1) // 2,
+                                        self.seqs + 1)
+
+    def add_chunk(self, seq: SequenceState, n: int) -> None:
+        c = seq.num_computed_tokens
+        self.prefill += n
+        self.sampled += c + n == seq.num_tokens
+        self.context += c + n
+        self.pairs += n * c + n * (n + 1) // 2
+        self.seqs += 1
+
+    def largest_chunk(self, seq: SequenceState, limit: int, target: float) -> int:
+        """The largest chunk of at most `limit` tokens whose step fits `target` (binary search:
+        the predicted time only grows with the chunk)."""
+        if limit <= 0 or self.with_chunk(seq, 1) > target:
+            return 0
+        if self.with_chunk(seq, limit) <= target:
+            return limit
+        fits, over = 1, limit
+        while over - fits > 1:
+            mid = (fits + over) // 2
+            fits, over = (mid, over) if self.with_chunk(seq, mid) <= target else (fits, mid)
+        return fits
+
+    def on_tile(self, seq: SequenceState, n: int) -> int:
+        """`n` rounded down to the model's tile where that costs less per prefill token (a GPU GEMM
+        of 136 rows costs about what 256 do); a prompt's last chunk is kept whole."""
+        tile = self.cost.tile_tokens
+        if tile <= 1 or n <= tile or n % tile == 0 or n == remaining_tokens(seq):
+            return n
+        down, base = n - n % tile, self.seconds()
+        return down if (self.with_chunk(seq, down) - base) / down <= (self.with_chunk(seq, n) - base) / n else n
+
+
+class DeadlinePolicy:
+    name = "deadline"
+    help = ("deadline-aware: decodes first, then prefill chunks in TTFT-deadline order sized by the cost model "
+            "to the tightest TBT slack; the TBT percentile's error budget pays for rescuing late prompts")
+    knobs = ("token_budget", "max_num_seqs", "step_headroom", "error_budget", "prefill_priority",
+             "max_partial_prefills", "long_prefill_token_threshold", "kv_admission_watermark")
+
+    def plan(self, view: SchedulerView, knobs: Knobs) -> BatchPlan:
+        step = StepBuilder(view, knobs)
+        decodes = step.decodes()
+        step.schedule_all(decodes)
+        scheduled = {c.request_id for c in step.plan.scheduled}
+        decodes = [d for d in decodes if d.request_id in scheduled]
+        time = StepTime(view.cost) if view.cost else None
+        if time:
+            time.add_decodes(decodes)
+        slacks = sorted(d.tbt_target_s - (view.now - d.last_token_time) for d in decodes
+                        if d.last_token_time is not None)
+        target = knobs.step_headroom * slacks[0] if slacks and time else UNBOUNDED
+        self._prefills(step, view, knobs, time, target, slacks)
+        return step.plan
+
+    def _prefills(self, step: StepBuilder, view: SchedulerView, knobs: Knobs, time: StepTime | None,
+                  target: float, slacks: list[float]) -> None:
+        floor = round(knobs.prefill_priority * knobs.token_budget)
+        spendable = math.floor(knobs.error_budget * view.tolerated_long_gaps) - view.long_gaps
+        cap = knobs.long_prefill_token_threshold or knobs.token_budget
+        keep = int(knobs.kv_admission_watermark * view.total_blocks) if step.running else 0
+        partial = step.partial_prefills()
+        num_partial, prefilled = len(partial), 0
+        candidates = sorted([(s, False) for s in partial] + [(s, True) for s in view.waiting],
+                            key=lambda c: c[0].ttft_deadline)
+        for seq, waiting in candidates:
+            if waiting and num_partial >= knobs.max_partial_prefills:
+                return
+            need = remaining_tokens(seq)
+            room = min(step.tokens_left, cap, need)
+            if room <= 0:
+                return
+            n = time.largest_chunk(seq, room, target) if time else room
+            n = max(n, min(room, floor - prefilled))
+            rescued = (time is not None and n < room == need and self._at_risk(time, seq, n, view.now)
+                       and view.now + time.with_chunk(seq, room) <= seq.ttft_deadline
+                       and self._late_decodes(time, seq, room, slacks) <= spendable)
+            n = room if rescued else time.on_tile(seq, n) if time else n
+            if n <= 0:
+                return
+            if not (step.admit(seq, n, keep) if waiting else step.schedule(seq, n)):
+                return
+            num_partial += waiting
+            prefilled += n
+            if time:
+                time.add_chunk(seq, n)
+            if rescued:
+                return       # the step is as long as the budget paid for; nothing more rides on it
+
+    @staticmethod
+    def _at_risk(time: StepTime, seq: SequenceState, n: int, now: float) -> bool:
+        """At `n` tokens a step (steps of this length), the prompt's first token comes after its deadline."""
+        if n <= 0:
+            return True
+        steps = math.ceil(remaining_tokens(seq) / n)
+        return now + steps * time.with_chunk(seq, n) > seq.ttft_deadline
+
+    @staticmethod
+    def _late_decodes(time: StepTime, seq: SequenceState, n: int, slacks: list[float]) -> int:
+        """Running decodes whose gap the step with this chunk makes longer than their TBT target that
+        the step without it would not: the long gaps the error budget pays for."""
+        with_chunk, without = time.with_chunk(seq, n), time.seconds()
+        return sum(1 for s in slacks if without <= s < with_chunk)
