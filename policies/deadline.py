@@ -106,14 +106,15 @@ class DeadlinePolicy:
         time = StepTime(view.cost) if view.cost else None
         if time:
             time.add_decodes(decodes)
-        slacks = sorted(d.tbt_target_s - (view.now - d.last_token_time) for d in decodes
-                        if d.last_token_time is not None)
-        target = knobs.step_headroom * slacks[0] if slacks and time else UNBOUNDED
-        self._prefills(step, view, knobs, time, target, slacks)
+        # each decode's own step-time target: headroom x its TBT slack; the step fits the smallest
+        targets = sorted(knobs.step_headroom * (d.tbt_target_s - (view.now - d.last_token_time)) for d in decodes
+                         if d.last_token_time is not None)
+        target = targets[0] if targets and time else UNBOUNDED
+        self._prefills(step, view, knobs, time, target, targets)
         return step.plan
 
     def _prefills(self, step: StepBuilder, view: SchedulerView, knobs: Knobs, time: StepTime | None,
-                  target: float, slacks: list[float]) -> None:
+                  target: float, targets: list[float]) -> None:
         floor = round(knobs.prefill_priority * knobs.token_budget)
         spendable = math.floor(knobs.error_budget * view.tolerated_long_gaps) - view.long_gaps
         cap = knobs.long_prefill_token_threshold or knobs.token_budget
@@ -131,9 +132,10 @@ class DeadlinePolicy:
                 return
             n = time.largest_chunk(seq, room, target) if time else room
             n = max(n, min(room, floor - prefilled))
-            rescued = (time is not None and n < room == need and self._at_risk(time, seq, n, view.now)
+            rescued = (time is not None and n < room == need and time.seconds() <= target
+                       and self._at_risk(time, seq, n, view.now)
                        and view.now + time.with_chunk(seq, room) <= seq.ttft_deadline
-                       and self._late_decodes(time, seq, room, slacks) <= spendable)
+                       and self._late_decodes(time, seq, room, targets) <= spendable)
             n = room if rescued else time.on_tile(seq, n) if time else n
             if n <= 0:
                 return
@@ -155,8 +157,8 @@ class DeadlinePolicy:
         return now + steps * time.with_chunk(seq, n) > seq.ttft_deadline
 
     @staticmethod
-    def _late_decodes(time: StepTime, seq: SequenceState, n: int, slacks: list[float]) -> int:
-        """Running decodes whose gap the step with this chunk makes longer than their TBT target that
-        the step without it would not: the long gaps the error budget pays for."""
+    def _late_decodes(time: StepTime, seq: SequenceState, n: int, targets: list[float]) -> int:
+        """Running decodes whose target the step with this chunk overruns and the step without it
+        does not: the long gaps the error budget pays for."""
         with_chunk, without = time.with_chunk(seq, n), time.seconds()
-        return sum(1 for s in slacks if without <= s < with_chunk)
+        return sum(1 for t in targets if without <= t < with_chunk)

@@ -1,0 +1,217 @@
+"""The deadline policy against a fixed step-time model: steps fit the tightest TBT slack, a late
+request shrinks the next step, the error budget is never overspent, and EDF order bounds how long
+a batch request can be passed."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.block_manager import BlockManager
+from engine.cost_model import CostModel
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.slo_class import SloClass
+from policies import Knobs, SchedulerView
+from policies.deadline import DeadlinePolicy, StepTime
+
+# 20 ms a step + 1 ms a token + 0.1 ms a sequence + a little per context token: linear, so the
+# numbers below can be checked by hand
+COST = CostModel((0.02, 1e-3, 0.0, 0.0, 1e-6, 0.0, 1e-4))
+INTERACTIVE = SloClass("interactive", 2.0, 0.25)
+BATCH = SloClass("batch", 30.0, 2.0)
+NOW = 100.0
+POLICY = DeadlinePolicy()
+
+
+def decode(i: int, since_last_token: float, prompt: int = 50, slo: SloClass = INTERACTIVE) -> Request:
+    r = Request(f"d{i}", [7] * prompt, SamplingParams(max_tokens=64), NOW - 10, slo=slo)
+    r.output_token_ids = [9]
+    r.num_computed_tokens = prompt
+    r.block_table = list(range(-(-(prompt + 1) // 16)))
+    r.timings.token_times.append(NOW - since_last_token)
+    return r
+
+
+def waiting(i: int, prompt: int, arrived_ago: float = 0.0, slo: SloClass = INTERACTIVE) -> Request:
+    return Request(f"w{i}", [7] * prompt, SamplingParams(max_tokens=16), NOW - arrived_ago, slo=slo)
+
+
+def view(running, queue, tolerated: float = 0.0, long: int = 0, cost=COST) -> SchedulerView:
+    return SchedulerView(running, queue, free_blocks=10_000, total_blocks=10_000, block_size=16, now=NOW,
+                         cost=cost, tolerated_long_gaps=tolerated, long_gaps=long)
+
+
+def predicted(v: SchedulerView, plan) -> float:
+    """The plan's step time under COST, computed as the scheduler would (ScheduleResult.of)."""
+    by_id = {s.request_id: s for s in [*v.running, *v.waiting]}
+    time = StepTime(COST)
+    for chunk in plan.scheduled:
+        seq = by_id[chunk.request_id]
+        if chunk.num_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens:
+            time.add_decodes([seq])
+        else:
+            time.add_chunk(seq, chunk.num_tokens)
+    return time.seconds()
+
+
+def prefill_tokens(plan) -> int:
+    return sum(c.num_tokens for c in plan.scheduled if c.request_id.startswith("w"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(since=st.lists(st.floats(0.0, 0.4), min_size=0, max_size=12),
+       prompts=st.lists(st.integers(1, 3000), min_size=1, max_size=6),
+       headroom=st.floats(0.5, 1.5), budget=st.integers(1, 4096))
+def test_step_fits_the_tightest_slack_or_carries_no_prefill(since, prompts, headroom, budget):
+    running = [decode(i, s) for i, s in enumerate(since)]
+    v = view(running, [waiting(i, p) for i, p in enumerate(prompts)])
+    knobs = Knobs(token_budget=budget, step_headroom=headroom, error_budget=0.0, prefill_priority=0.0)
+    plan = POLICY.plan(v, knobs)
+    assert plan.num_tokens <= budget
+    scheduled_decodes = [r for r in running if r.request_id in {c.request_id for c in plan.scheduled}]
+    assert len(scheduled_decodes) == min(len(running), budget)          # decodes first, all that fit
+    if not scheduled_decodes:
+        return                                                        # no slack to respect
+    target = headroom * min(0.25 - (NOW - r.last_token_time) for r in scheduled_decodes)
+    if prefill_tokens(plan):
+        assert predicted(v, plan) <= target + 1e-9
+    else:   # either nothing more fits, or the decodes alone already overrun the target
+        one_more = StepTime(COST)
+        one_more.add_decodes(scheduled_decodes)
+        assert plan.num_tokens == budget or one_more.with_chunk(v.waiting[0], 1) > target
+
+
+def test_a_late_request_shrinks_the_next_step():
+    queue = [waiting(0, 2000)]
+    on_time = POLICY.plan(view([decode(0, 0.0), decode(1, 0.0)], queue), Knobs(token_budget=4096))
+    late = POLICY.plan(view([decode(0, 0.0), decode(1, 0.15)], queue), Knobs(token_budget=4096))
+    # target 0.9 x 0.25 s = 225 ms: 20 + 0.2 + ~0.1 ms of decodes leave ~204 prefill tokens
+    assert 150 < prefill_tokens(on_time) < 225
+    # 0.9 x (0.25 - 0.15) = 90 ms: about 69 tokens
+    assert 0 < prefill_tokens(late) < 0.5 * prefill_tokens(on_time)
+    overdue = POLICY.plan(view([decode(0, 0.0), decode(1, 0.3)], queue), Knobs(token_budget=4096))
+    assert prefill_tokens(overdue) == 0 and overdue.num_tokens == 2
+
+
+def test_no_decode_running_lets_the_budget_alone_cap_the_step():
+    plan = POLICY.plan(view([], [waiting(0, 1500)]), Knobs(token_budget=1024))
+    assert prefill_tokens(plan) == 1024
+
+
+def test_batch_decodes_let_steps_grow_toward_their_target():
+    queue = [waiting(0, 3000, slo=BATCH)]
+    interactive = prefill_tokens(POLICY.plan(view([decode(0, 0.0)], queue), Knobs(token_budget=4096)))
+    batch = prefill_tokens(POLICY.plan(view([decode(0, 0.0, slo=BATCH)], queue), Knobs(token_budget=4096)))
+    assert batch > 5 * interactive
+
+
+def test_error_budget_rescues_a_prompt_at_risk_and_is_never_overspent():
+    # 1.3 s to its deadline with 1200 tokens to go: at ~200 tokens a step (~0.225 s) it needs 6 steps,
+    # 1.35 s, too many; one whole step takes ~1.23 s and makes it
+    queue = [waiting(0, 1200, arrived_ago=0.7)]
+    running = [decode(i, 0.0) for i in range(3)]
+    knobs = Knobs(token_budget=4096, error_budget=1.0)
+    none_left = POLICY.plan(view(running, queue, tolerated=5.0, long=3), knobs)
+    assert prefill_tokens(none_left) < 1200          # 5 - 3 = 2 < the 3 decodes it would make late
+    paid = POLICY.plan(view(running, queue, tolerated=5.0, long=2), knobs)
+    assert prefill_tokens(paid) == 1200
+    half = POLICY.plan(view(running, queue, tolerated=5.0, long=2), knobs.replace(error_budget=0.5))
+    assert prefill_tokens(half) < 1200               # floor(0.5 x 5) - 2 = 0
+
+
+def test_a_lost_cause_spends_nothing():
+    queue = [waiting(0, 4000, arrived_ago=1.9)]      # no step can give it a first token by its deadline
+    plan = POLICY.plan(view([decode(0, 0.0)], queue, tolerated=100.0), Knobs(token_budget=8192, error_budget=1.0))
+    assert prefill_tokens(plan) < 4000
+
+
+def test_prefill_priority_is_a_floor_under_decode_overload():
+    running = [decode(i, 0.3) for i in range(4)]     # all late: deadlines alone leave no prefill
+    queue = [waiting(0, 500)]
+    assert prefill_tokens(POLICY.plan(view(running, queue), Knobs(token_budget=256))) == 0
+    assert prefill_tokens(POLICY.plan(view(running, queue), Knobs(token_budget=256, prefill_priority=0.25))) == 64
+
+
+def test_tile_multiples_where_cheaper_per_token():
+    # a GPU-like model: the linear layers cost per started 128-token tile
+    class Tiled:
+        tile_tokens = 128
+
+        def predict_counts(self, prefill, decode, sampled, context, pairs, seqs):
+            return 0.005 + 0.004 * math.ceil((prefill + decode) / 128)
+    v = view([], [waiting(0, 1000)], cost=Tiled())
+    assert prefill_tokens(POLICY.plan(v, Knobs(token_budget=300))) == 256
+    assert prefill_tokens(POLICY.plan(view([], [waiting(0, 200)], cost=Tiled()), Knobs(token_budget=300))) == 200
+
+
+def test_without_a_cost_model_it_is_sarathi_in_deadline_order():
+    queue = [waiting(0, 100, slo=BATCH, arrived_ago=5.0), waiting(1, 100)]   # deadlines NOW+25, NOW+2
+    plan = POLICY.plan(view([decode(0, 0.0)], queue, cost=None), Knobs(token_budget=150))
+    assert [c.request_id for c in plan.scheduled] == ["d0", "w1", "w0"]
+    assert plan.num_tokens == 150
+
+
+arrivals = st.lists(st.tuples(st.floats(0, 60), st.sampled_from(["interactive", "batch"]), st.integers(16, 400)),
+                    min_size=2, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrivals=arrivals)
+def test_batch_requests_are_passed_only_by_requests_due_earlier(arrivals):
+    """Whoever is admitted first, no waiting request had an earlier deadline; so a batch request is
+    never passed by an interactive one that arrived more than 30 - 2 = 28 s after it."""
+    classes = {"interactive": INTERACTIVE, "batch": BATCH}
+    clock = [0.0]
+    sched = Scheduler(BlockManager(64, 16), "deadline", Knobs(token_budget=256, max_num_seqs=4), clock=lambda: clock[0])
+    sched.cost = COST
+    pending = sorted(arrivals)
+    admitted_at: dict[str, float] = {}
+    requests: dict[str, Request] = {}
+    for step in range(5000):
+        while pending and pending[0][0] <= clock[0]:
+            t, name, prompt = pending.pop(0)
+            r = Request(f"r{len(requests)}", [7] * prompt, SamplingParams(max_tokens=8), t, slo=classes[name])
+            requests[r.request_id] = r
+            sched.add(r)
+        if not sched.has_work():
+            if not pending:
+                break
+            clock[0] = pending[0][0]
+            continue
+        waiting_before = list(sched.waiting)
+        result = sched.schedule()
+        for request_id in [s.request.request_id for s in result.scheduled if s.request.request_id not in admitted_at]:
+            admitted_at[request_id] = clock[0]
+            admitted = requests[request_id]
+            passed = [w for w in waiting_before if w.request_id not in admitted_at and w is not admitted]
+            assert all(w.ttft_deadline >= admitted.ttft_deadline for w in passed)
+        clock[0] += COST.predict_counts(result.num_tokens - result.num_decode_tokens, result.num_decode_tokens,
+                                        result.num_sampled, result.context_tokens, result.attended_pairs,
+                                        len(result.scheduled))
+        sched.commit(result)
+        for s in result.scheduled:
+            if s.samples:
+                s.request.output_token_ids.append(9)
+                s.request.timings.token_times.append(clock[0])
+                if s.request.num_output_tokens >= 8:
+                    from engine.request import FinishReason
+                    sched.finish(s.request, FinishReason.LENGTH)
+    assert not pending and not sched.has_work(), "a request starved"
+
+
+def test_error_budget_counts_gaps_over_each_class_target_and_forgets_past_its_horizon():
+    from engine.error_budget import ErrorBudget
+    budget = ErrorBudget(horizon_s=60.0)
+    fast, slow = decode(0, 0.0), decode(1, 0.0, slo=BATCH)
+    fast.timings.token_times[-1] = slow.timings.token_times[-1] = 0.0
+    budget.observe([fast, slow], now=0.5)            # 0.5 s: long for interactive, fine for batch
+    tolerated, long = budget.state(0.5)
+    assert long == 1 and math.isclose(tolerated, 0.02)
+    first = Request("new", [7], SamplingParams(max_tokens=4))
+    budget.observe([first], now=1.0)                 # a first token is TTFT, not a gap
+    assert budget.state(1.0)[1] == 1
+    assert budget.state(61.0) == (0.0, 0)
