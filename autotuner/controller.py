@@ -25,7 +25,7 @@ from autotuner.objective import Score, badly_violated, score, slo_excess
 from autotuner.regime import DriftDetector, Regime, WorkloadContext
 from autotuner.search_space import CONFIG, SearchSpace
 from autotuner.tuner_state import TunerState
-from policies import Knobs
+from policies import Knobs, get_policy
 from telemetry.window import SLO, WindowSummary
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,11 @@ class ControllerSettings:
         if unknown:
             raise ValueError(f"{path}: unknown controller settings {sorted(unknown)}")
         return ControllerSettings(**data)
+
+
+def sizes_steps_by_time(policy: str) -> bool:
+    """The policy sizes every step from the cost model and the requests' TBT slack (deadline)."""
+    return "step_headroom" in get_policy(policy).knobs
 
 
 class TuningTarget(Protocol):
@@ -118,9 +123,10 @@ class Controller:
 
     def cold_start(self, budget: int | None) -> None:
         """Before any regime is known: no larger token budget than `budget` (from the cost model and
-        the TBT SLO), so the first minute of traffic does not run on steps that break the SLO."""
+        the TBT SLO), so the first minute of traffic does not run on steps that break the SLO. A
+        policy that sizes each step's time from the SLO itself keeps its budget as a cap."""
         knobs = self.target.knobs()
-        if budget is None or knobs.token_budget <= budget:
+        if budget is None or knobs.token_budget <= budget or sizes_steps_by_time(self.settings.policy):
             return
         knobs = knobs.replace(token_budget=budget)
         self._apply(self.settings.policy, knobs)

@@ -32,6 +32,9 @@ VLLM_DEFAULTS = {"vllm_default_2048": ("sarathi", Knobs(token_budget=2048, max_n
                  "vllm_default_8192": ("sarathi", Knobs(token_budget=8192, max_num_seqs=256))}
 STATIC_BUDGETS = (32, 64, 128, 256, 512, 1024, 2048)
 STATIC_PRIORITIES = (0.0, 0.5, 1.0)
+# the deadline policy's own grid: the budget is only a cap there, the step time follows the slack
+DEADLINE_GRID = {"token_budget": (256, 2048), "step_headroom": (0.8, 1.0), "error_budget": (0.0, 0.5, 1.0)}
+PLAIN_POLICY = "adaptive"      # token budget and priority only: the inner loop off, for the ablation
 REPORT_WINDOW_S = 30.0
 
 
@@ -52,13 +55,22 @@ def evaluate_static(specs: list[RequestSpec], cost: CostModel, policy: str, knob
                      run.summary.duration_s, dict(good))
 
 
+def grid_points(policy: str) -> list[dict[str, Any]]:
+    """The offline grid of static configurations for a policy."""
+    base = {"max_num_seqs": 256, "kv_admission_watermark": 0.01}
+    if policy == "deadline":
+        names = list(DEADLINE_GRID)
+        return [base | dict(zip(names, values)) for values in itertools.product(*DEADLINE_GRID.values())]
+    return [base | {"token_budget": b, "prefill_priority": p}
+            for b, p in itertools.product(STATIC_BUDGETS, STATIC_PRIORITIES)]
+
+
 def static_grid(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str,
                 slo: SLO) -> list[tuple[dict[str, Any], RunResult]]:
-    """Every configuration of the offline grid, each run over the whole workload."""
+    """Every configuration of the policy's offline grid, each run over the whole workload."""
     grid = []
-    for budget, priority in itertools.product(STATIC_BUDGETS, STATIC_PRIORITIES):
-        params = space.clamp({"token_budget": budget, "prefill_priority": priority, "max_num_seqs": 256,
-                              "kv_admission_watermark": 0.01})
+    for point in grid_points(policy):
+        params = point | space.clamp(Knobs().as_dict() | point)     # the tuned knobs on the space's grid
         grid.append((params, evaluate_static(specs, cost, policy, Knobs().replace(**params), slo)))
     return grid
 
@@ -129,11 +141,15 @@ def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
     tuned = summarize_requests(records, slo, duration)
     grid = static_grid(specs, cost, space, settings.policy, slo)
     static_params, static = best_of(grid)
+    plain_grid = grid if settings.policy == PLAIN_POLICY else static_grid(specs, cost, space, PLAIN_POLICY, slo)
+    plain_params, plain = best_of(plain_grid)
     baselines = {name: evaluate_static(specs, cost, policy, knobs, slo)
                  for name, (policy, knobs) in VLLM_DEFAULTS.items()}
     goodput = {"tuned": tuned.goodput_rps, "best_static": static.goodput_rps,
+               "best_static_plain_budget": plain.goodput_rps,
                **{name: r.goodput_rps for name, r in baselines.items()},
-               "per_phase_best": per_phase_best_goodput([r for _, r in grid], static.duration_s)}
+               "per_phase_best": per_phase_best_goodput([r for _, r in grid], static.duration_s),
+               "per_phase_best_plain_budget": per_phase_best_goodput([r for _, r in plain_grid], plain.duration_s)}
     return {
         "goodput_rps": goodput,
         "ratio_tuned_over": {k: (goodput["tuned"] / v if v else None) for k, v in goodput.items() if k != "tuned"},
@@ -144,7 +160,9 @@ def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
         "violating_window_fraction": {"tuned": violating_fraction(records, slo), "best_static":
                                       static.violating_window_fraction,
                                       **{n: r.violating_window_fraction for n, r in baselines.items()}},
+        "policy": settings.policy,
         "best_static_knobs": static_params,
+        "best_static_plain_budget_knobs": plain_params | {"policy": PLAIN_POLICY},
         "windows": controller.windows,
         "regimes": regime_summaries(controller),
         "num_requests": len(specs),

@@ -7,6 +7,7 @@ server, so a whole table takes seconds; what it predicts is only as good as the 
 
     python benchmarks/simulated_capacity.py
     python benchmarks/simulated_capacity.py --policies sarathi --budgets 32 64 --requests 400 --slo-tbt-s 0.5
+    python benchmarks/simulated_capacity.py --policies sarathi deadline --budgets 32 2048 --knob step_headroom=1.0
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 
 from autotuner.capacity import CapacityCriteria, search_capacity
+from autotuner.cli_tuning import parse_knobs
 from autotuner.simulation import find_cost_model, simulate
 from autotuner.workload import generate, load_workload
 from engine.cost_model import CostModel
@@ -33,6 +35,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-probes", type=int, default=10)
     p.add_argument("--cost-model", default=None, help="default: the shipped calibration")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                   help="another knob for every run (repeatable; a policy reads only its own)")
     return p.parse_args()
 
 
@@ -42,7 +46,7 @@ def capacity(cost: CostModel, policy: str, budget: int, args: argparse.Namespace
 
     def probe(qps: float):
         specs = generate(workload, qps=qps, num_requests=args.requests, seed=args.seed)
-        return simulate(specs, cost, policy, Knobs(token_budget=budget), slo).summary
+        return simulate(specs, cost, policy, Knobs(token_budget=budget, **parse_knobs(args.knob)), slo).summary
 
     result = search_capacity(probe, CapacityCriteria(args.slo_ttft_s, args.slo_tbt_s), start_qps=0.25,
                              max_probes=args.max_probes, tolerance=0.05)
@@ -59,7 +63,7 @@ def main() -> None:
         failing = "-" if r["first_failing_qps"] is None else f"{r['first_failing_qps']:.3f}"
         print(f"{r['policy']:<16}{r['token_budget']:>8}{r['capacity_qps']:>14.3f}{failing:>15}")
     print(json.dumps({"workload": args.workload, "slo": {"ttft_p50_s": args.slo_ttft_s, "tbt_p99_s": args.slo_tbt_s},
-                      "cost_model": cost.model, "results": rows}, indent=2))
+                      "cost_model": cost.model, "knobs": parse_knobs(args.knob), "results": rows}, indent=2))
 
 
 if __name__ == "__main__":

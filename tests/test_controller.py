@@ -23,7 +23,7 @@ from policies import Knobs
 from telemetry.window import SLO, TelemetryWindow
 
 SLO_ = SLO(2.0, 0.25)
-FAST = dict(min_window_s=10.0, max_window_s=60.0, min_requests=20, min_tbt_samples=500, warm_start_trials=0,
+FAST = dict(policy="adaptive", min_window_s=10.0, max_window_s=60.0, min_requests=20, min_tbt_samples=500, warm_start_trials=0,
             explore_trials=16, recheck_every=5)
 
 
@@ -206,8 +206,9 @@ def test_a_shift_mid_window_ends_the_window(cost, tmp_path):
 
 def test_trust_region_and_snapping():
     space = load_search_space()
-    center = {"token_budget": 256, "prefill_priority": 0.5, "max_num_seqs": 64, "kv_admission_watermark": 0.05}
-    far = {"token_budget": 2048, "prefill_priority": 0.0, "max_num_seqs": 64, "kv_admission_watermark": 0.05}
+    center = {"token_budget": 256, "prefill_priority": 0.5, "max_num_seqs": 64, "kv_admission_watermark": 0.05,
+              "step_headroom": 0.9, "error_budget": 0.5}
+    far = center | {"token_budget": 2048, "prefill_priority": 0.0}
     assert not space.within(far, center, 0.25)
     projected = space.project(far, center, 0.25)
     assert space.within(projected, center, 0.25 + 1e-9) and projected["token_budget"] % 32 == 0
@@ -220,7 +221,7 @@ def test_no_budget_move_that_spends_missing_slo_headroom(cost, tmp_path):
     _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
     space = load_search_space()
     incumbent = space.snap({"token_budget": 256, "prefill_priority": 0.5, "max_num_seqs": 64,
-                            "kv_admission_watermark": 0.05})
+                            "kv_admission_watermark": 0.05, "step_headroom": 0.9, "error_budget": 0.5})
 
     def limits_after(ttft: float, tbt: float) -> tuple:
         controller.study = optuna.create_study(direction="maximize")
