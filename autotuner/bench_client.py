@@ -22,6 +22,7 @@ from tqdm import tqdm
 from autotuner.prompts import PromptSource
 from autotuner.workload import RequestSpec, Workload, generate
 from engine.outputs import RequestRecord
+from engine.slo_class import shipped_slo_classes
 from telemetry.latency_summary import LatencySummary, summarize_requests
 from telemetry.window import SLO
 
@@ -84,12 +85,14 @@ class RequestResult:
 
     def record(self, end: float) -> RequestRecord:
         sent = self.sent if self.sent is not None else end
+        slo_class, slo_ttft_s, slo_tbt_s = record_class(self.spec.slo_class)
         return RequestRecord(
             request_id=str(self.index), arrival=sent, first_token=self.chunk_times[0] if self.chunk_times else None,
             finished=self.finished if self.ok else end, token_times=tuple(self.chunk_times),
             num_prompt_tokens=self.server_prompt_tokens or self.spec.prompt_tokens,
             num_output_tokens=self.num_output_tokens, max_tokens=self.spec.output_tokens,
-            finish_reason=self.finish_reason if self.ok else ("error" if self.error else "abort"), num_preemptions=0)
+            finish_reason=self.finish_reason if self.ok else ("error" if self.error else "abort"), num_preemptions=0,
+            slo_class=slo_class, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s)
 
     @property
     def num_output_tokens(self) -> int:
@@ -115,6 +118,17 @@ class BenchRun:
     def as_dict(self) -> dict[str, Any]:
         return {**self.summary.as_dict(), "model": self.model,
                 "requests": [r.as_dict(self.start) for r in self.results]}
+
+
+def record_class(name: str | None) -> tuple[str, float | None, float | None]:
+    """(class, TTFT target, TBT target) of a request: the shipped class's targets where the name is one
+    of configs/slo_classes.yaml; None (judged by the run's SLO) for the default or a class the server
+    alone defines."""
+    shipped = shipped_slo_classes()
+    if name is None:
+        return shipped.default, None, None
+    known = shipped.classes.get(name)
+    return (name, known.ttft_s, known.tbt_s) if known else (name, None, None)
 
 
 def resolve_model_name(options: BenchOptions) -> str:
@@ -169,6 +183,8 @@ async def _run(specs: list[RequestSpec], prompts: list[str | list[int]], options
 def _body(prompt: str | list[int], spec: RequestSpec, model: str, endpoint: str) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "max_tokens": spec.output_tokens, "ignore_eos": True, "temperature": 0.0,
                             "stream": True, "stream_options": {"include_usage": True}}
+    if spec.slo_class is not None:
+        body["slo_class"] = spec.slo_class
     if endpoint == "chat":
         return {**body, "messages": [{"role": "user", "content": prompt}], "max_completion_tokens": spec.output_tokens}
     return {**body, "prompt": prompt}

@@ -58,6 +58,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=None, help="queued requests beyond this get 429 (default 256)")
     p.add_argument("--api-key", default=None, help="key for /admin (default: AUTOTUNED_SERVE_API_KEY)")
     p.add_argument("--grace-s", type=float, default=None, help="on SIGTERM, how long in-flight requests may finish")
+    p.add_argument("--slo-classes", default=None, help="YAML file of the SLO classes requests may name "
+                   "(default configs/slo_classes.yaml; the config's `slo` re-targets the default class)")
     p.add_argument("--state-dir", default=None, help="where tuner state lives (default ./state)")
     p.add_argument("--no-tune", dest="tune", action="store_const", const=False, default=None,
                    help="serve with fixed knobs, no online tuning")
@@ -108,6 +110,7 @@ def run_bench_command(args: argparse.Namespace) -> None:
     import json
 
     from autotuner.bench_client import bench_workload, write_outputs
+    from telemetry.latency_summary import class_lines
 
     workload, source, options, slo = bench_setup(args)
     run = bench_workload(workload, source, options, slo, args.qps, args.num_requests, args.seed)
@@ -116,6 +119,8 @@ def run_bench_command(args: argparse.Namespace) -> None:
     if args.out_dir:
         write_outputs(run, args.out_dir, settings)
     print(json.dumps({**settings, **run.summary.as_dict()}, indent=2))
+    for line in class_lines(run.summary.as_dict()):    # stderr: stdout stays one JSON document
+        print(line, file=sys.stderr)
 
 
 def run_capacity_command(args: argparse.Namespace) -> None:
@@ -123,18 +128,22 @@ def run_capacity_command(args: argparse.Namespace) -> None:
 
     from autotuner.bench_client import live_probe
     from autotuner.capacity import CapacityCriteria, check_search, search_capacity
+    from telemetry.latency_summary import class_lines
 
     check_search(args.start_qps, args.max_probes, args.tolerance)
     criteria = CapacityCriteria(args.slo_ttft_s, args.slo_tbt_s, args.max_failed_fraction)
     workload, source, options, slo = bench_setup(args)
     probe = live_probe(workload, source, options, slo, args.num_requests, args.seed)
-    result = {"workload": workload.name, "base_url": options.root,
-              **search_capacity(probe, criteria, args.start_qps, args.max_probes, args.tolerance).as_dict()}
+    search = search_capacity(probe, criteria, args.start_qps, args.max_probes, args.tolerance)
+    result = {"workload": workload.name, "base_url": options.root, **search.as_dict()}
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
         with open(os.path.join(args.out_dir, "capacity.json"), "w") as f:
             json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
+    for p in search.probes:
+        for line in class_lines(p.summary):
+            print(f"qps {p.qps:.3g} {line}", file=sys.stderr)
 
 
 def run_policies() -> None:
@@ -156,7 +165,8 @@ def run_serve(args: argparse.Namespace) -> None:
     from autotuner.settings import load_settings
 
     overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "policy", "kv_cache_memory_mb",
-                                               "max_waiting", "api_key", "grace_s", "state_dir", "tune")}
+                                               "max_waiting", "api_key", "grace_s", "state_dir", "tune",
+                                               "slo_classes")}
     settings = load_settings(args.config, overrides)
     if args.token_budget:
         settings.knobs = {**settings.knobs, "token_budget": args.token_budget}

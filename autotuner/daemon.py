@@ -45,7 +45,7 @@ class Telemetry:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         self.window = TelemetryWindow(config.slo)
-        self.metrics = PrometheusMetrics(config.api.served_model_name)
+        self.metrics = PrometheusMetrics(config.api.served_model_name, slo=config.slo)
         self.sampler: DeviceSampler | None = None
         self._knobs_seen: tuple[str, int] | None = None
         self._lock = threading.Lock()

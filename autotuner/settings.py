@@ -14,6 +14,7 @@ import yaml
 
 from engine.api_server import ApiConfig
 from engine.engine_config import EngineConfig
+from engine.slo_class import CONFIG as SHIPPED_SLO_CLASSES, SloClasses
 from policies import Knobs, get_policy
 from telemetry.window import SLO
 
@@ -41,7 +42,8 @@ class Settings:
     grace_s: float = 30.0
     policy: str = "sarathi"
     knobs: dict[str, Any] = field(default_factory=dict)
-    slo: dict[str, float] = field(default_factory=dict)
+    slo: dict[str, float] = field(default_factory=dict)    # the default SLO class's targets (ttft_s, tbt_s)
+    slo_classes: str = str(SHIPPED_SLO_CLASSES)            # YAML file of the classes requests may name
     tune: bool = True
     state_dir: str = "state"
     peak_flops: float | None = None
@@ -65,10 +67,23 @@ class Settings:
         except TypeError as e:
             raise SettingsError(f"slo: {e}") from e
 
+    def slo_class_values(self) -> SloClasses:
+        """The classes from `slo_classes`, the default one re-targeted by `slo` where it names targets."""
+        try:
+            classes = SloClasses.load(self.slo_classes)
+            if self.slo:   # keys it leaves out keep the file's targets
+                base = classes.get(None)
+                classes = classes.with_default_targets(self.slo.get("ttft_s", base.ttft_s),
+                                                       self.slo.get("tbt_s", base.tbt_s))
+        except (TypeError, ValueError) as e:
+            raise SettingsError(f"slo_classes: {str(e).splitlines()[0]}") from e
+        return classes
+
     def api_config(self, served_model_name: str) -> ApiConfig:
         return ApiConfig(served_model_name=served_model_name, max_waiting=self.max_waiting,
                          max_body_bytes=self.max_body_bytes, default_max_tokens=self.default_max_tokens,
-                         api_key=self.api_key or os.environ.get("AUTOTUNED_SERVE_API_KEY"))
+                         api_key=self.api_key or os.environ.get("AUTOTUNED_SERVE_API_KEY"),
+                         slo_classes=self.slo_class_values())
 
     def validate(self) -> "Settings":
         try:
@@ -78,6 +93,7 @@ class Settings:
             raise SettingsError(str(e)) from e
         self.knob_values()
         self.slo_values()
+        self.slo_class_values()
         for name in ("port", "max_waiting", "block_size", "max_token_budget"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be positive")

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -28,6 +28,7 @@ from engine.llm_engine import LLMEngine
 from engine.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
 from engine.outputs import RequestOutput
 from engine.request import Request
+from engine.slo_class import SloClass, SloClasses, shipped_slo_classes
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class ApiConfig:
     default_max_tokens: int = 256
     retry_after_s: int = 1
     api_key: str | None = None              # required on /admin whenever set
+    slo_classes: SloClasses = field(default_factory=shipped_slo_classes)   # what `slo_class` may name
 
 
 class ApiError(Exception):
@@ -107,7 +109,7 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: HttpRequest):
         loop = state.require_loop()
-        request = _make_request(state, loop, body, body.prompt_input())
+        request = _make_request(state, loop, body, body.prompt_input(), http)
         return await _respond(http, loop, request, body, state.config.served_model_name, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -117,7 +119,7 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
             prompt = loop.engine.tokenizer.apply_chat_template([m.as_template_input() for m in body.messages])
         except Exception as e:
             raise ApiError(400, f"cannot apply the chat template: {e}", param="messages") from e
-        request = _make_request(state, loop, body, prompt)
+        request = _make_request(state, loop, body, prompt, http)
         return await _respond(http, loop, request, body, state.config.served_model_name, chat=True)
 
     if extra_routes:
@@ -125,11 +127,13 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
     return app
 
 
-def _make_request(state: ServerState, loop: EngineLoop, body: SamplingFields, prompt: str | list[int]) -> Request:
+def _make_request(state: ServerState, loop: EngineLoop, body: SamplingFields, prompt: str | list[int],
+                  http: HttpRequest) -> Request:
     name = state.config.served_model_name
     if body.model is not None and body.model != name:
         raise ApiError(400, f"model {body.model!r} is not served here; this server serves {name!r}", param="model",
                        code="model_not_found")
+    slo = _slo_class(state.config.slo_classes, body, http)
     try:
         params = body.sampling_params(state.config.default_max_tokens)
         max_len = loop.engine.max_model_len
@@ -137,9 +141,18 @@ def _make_request(state: ServerState, loop: EngineLoop, body: SamplingFields, pr
             prompt_len = len(prompt) if isinstance(prompt, list) else len(loop.engine.tokenizer.encode(prompt))
             if 0 < prompt_len < max_len and params.max_tokens > max_len - prompt_len:
                 params = body.model_copy(update={"max_tokens": max_len - prompt_len}).sampling_params(0)
-        return loop.engine.make_request(prompt, params, f"cmpl-{uuid.uuid4().hex}")
+        return loop.engine.make_request(prompt, params, f"cmpl-{uuid.uuid4().hex}", slo=slo)
     except InvalidRequestError as e:
         raise ApiError(400, str(e), param=e.param) from e
+
+
+def _slo_class(classes: SloClasses, body: SamplingFields, http: HttpRequest) -> SloClass:
+    """The body's `slo_class` (the openai client's extra_body), else the X-SLO-Class header, else the default."""
+    name = body.slo_class if body.slo_class is not None else http.headers.get("x-slo-class")
+    try:
+        return classes.get(name)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="slo_class", code="unknown_slo_class") from e
 
 
 async def _outputs(http: HttpRequest, loop: EngineLoop, request: Request) -> AsyncIterator[RequestOutput]:

@@ -22,6 +22,7 @@ from engine.outputs import RequestOutput, RequestRecord, StepRecord
 from engine.request import FinishReason, Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduleResult, Scheduler
+from engine.slo_class import DEFAULT_CLASS, SloClass
 from engine.tokenizer import Tokenizer, load_tokenizer
 from policies import Knobs
 
@@ -74,16 +75,20 @@ class LLMEngine:
 
     # -- requests --
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
-        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time))
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    slo: SloClass | None = None) -> str:
+        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time, slo))
 
     def make_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                     request_id: str | None = None, arrival_time: float | None = None) -> Request:
-        """Tokenize and validate; touches no engine state, so any thread may call it."""
+                     request_id: str | None = None, arrival_time: float | None = None,
+                     slo: SloClass | None = None) -> Request:
+        """Tokenize and validate; touches no engine state, so any thread may call it. `slo`: the
+        request's SLO class (None: the default interactive targets)."""
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
         self._check_fits(ids, params)
-        return Request(request_id or f"req-{next(self._ids)}", ids, params, arrival_time or time.monotonic())
+        return Request(request_id or f"req-{next(self._ids)}", ids, params, arrival_time or time.monotonic(),
+                       slo=slo or DEFAULT_CLASS)
 
     def enqueue(self, request: Request) -> str:
         """Queue a request made by make_request (on the thread that steps the engine)."""

@@ -32,6 +32,7 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    slo_class: str | None = None    # the request's SLO class (engine/slo_class.py); wins over X-SLO-Class
 
     @field_validator("n")
     @classmethod

@@ -62,7 +62,7 @@ class SloClasses:
             data = yaml.safe_load(Path(path).read_text())
             classes = {name: SloClass(name, **spec) for name, spec in data["classes"].items()}
             return SloClasses(classes, data.get("default", next(iter(classes))))
-        except (OSError, KeyError, TypeError, AttributeError, yaml.YAMLError) as e:
+        except (OSError, KeyError, TypeError, AttributeError, ValueError, StopIteration, yaml.YAMLError) as e:
             raise ValueError(f"cannot read SLO classes {path}: {e}") from e
 
     @staticmethod

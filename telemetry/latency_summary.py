@@ -7,7 +7,8 @@ so requests that failed or never finished count against SLO attainment and goodp
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,8 @@ class LatencySummary:
     slo_attainment: float | None      # share of all requests meeting every SLO
     slo_ttft_s: float
     slo_tbt_s: float
+    # SLO class -> num_requests, goodput_rps, slo_attainment, ttft_p50_s, tbt_p99_s (each judged by its targets)
+    by_class: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +72,32 @@ def summarize_requests(records: list[RequestRecord], slo: SLO, duration_s: float
         output_tokens_per_s=sum(r.num_output_tokens for r in done) / duration_s,
         prompt_tokens_per_s=sum(r.num_prompt_tokens for r in done) / duration_s,
         goodput_rps=met / duration_s, slo_attainment=met / len(records) if records else None,
-        slo_ttft_s=slo.ttft_s, slo_tbt_s=slo.tbt_s)
+        slo_ttft_s=slo.ttft_s, slo_tbt_s=slo.tbt_s, by_class=_by_class(records, slo, duration_s))
+
+
+def _by_class(records: list[RequestRecord], slo: SLO, duration_s: float) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        groups.setdefault(r.slo_class, []).append(r)
+    out = {}
+    for name, rs in sorted(groups.items()):
+        done = [r for r in rs if r.finish_reason in FINISHED]
+        met = sum(slo.met_by(r) for r in rs)
+        out[name] = {"num_requests": len(rs), "goodput_rps": met / duration_s, "slo_attainment": met / len(rs),
+                     "ttft_p50_s": _pct([r.ttft_s for r in done if r.ttft_s is not None], 50),
+                     "tbt_p99_s": _pct([g for r in done for g in r.tbt_s], 99)}
+    return out
+
+
+def class_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One human-readable line per SLO class, for runs that mix more than one (else none)."""
+    by_class = summary.get("by_class") or {}
+    if len(by_class) < 2:
+        return []
+    ms = lambda v: "-" if v is None else f"{v * 1000:.0f} ms"  # noqa: E731
+    return [f"{name}: {c['num_requests']} requests, goodput {c['goodput_rps']:.3g} req/s, SLO attainment "
+            f"{c['slo_attainment']:.1%}, TTFT p50 {ms(c['ttft_p50_s'])}, TBT p99 {ms(c['tbt_p99_s'])}"
+            for name, c in by_class.items()]
 
 
 def _tpot(r: RequestRecord) -> float | None:

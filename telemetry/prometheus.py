@@ -8,6 +8,7 @@ from engine.outputs import RequestRecord, StepRecord
 from engine.request import Request
 from policies import Knobs
 from policies.knobs import KNOB_SPECS
+from telemetry.window import SLO
 
 P = "autotuned:"
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0,
@@ -16,10 +17,12 @@ TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class PrometheusMetrics:
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, slo: SLO | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
         labels = ["model_name"]
+        per_request = labels + ["slo_class"]    # request-level series, split by the request's SLO class
         self._model = model_name
+        self._slo = slo or SLO()                # judges records that carry no class targets
         self.running = Gauge(P + "num_requests_running", "Requests holding KV and being computed.", labels, registry=r)
         self.waiting = Gauge(P + "num_requests_waiting", "Requests queued, not yet admitted.", labels, registry=r)
         self.kv_usage = Gauge(P + "kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", labels, registry=r)
@@ -33,16 +36,18 @@ class PrometheusMetrics:
         self.step_tokens = Counter(P + "step_tokens", "Tokens computed, by kind.", labels + ["kind"], registry=r)
         self.step_seconds = Histogram(P + "step_duration_seconds", "Engine step wall time.", labels,
                                       buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram(P + "time_to_first_token_seconds", "Arrival to first token.", labels,
+        self.ttft = Histogram(P + "time_to_first_token_seconds", "Arrival to first token.", per_request,
                               buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram(P + "inter_token_latency_seconds", "Gap between consecutive tokens (TBT).", labels,
-                             buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(P + "inter_token_latency_seconds", "Gap between consecutive tokens (TBT).",
+                             per_request, buckets=LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram(P + "request_time_per_output_token_seconds", "Mean decode time per output token.",
-                              labels, buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram(P + "e2e_request_latency_seconds", "Arrival to finish.", labels,
+                              per_request, buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(P + "e2e_request_latency_seconds", "Arrival to finish.", per_request,
                              buckets=LATENCY_BUCKETS, registry=r)
-        self.finished = Counter(P + "request_success", "Finished requests by reason.", labels + ["finished_reason"],
-                                registry=r)
+        self.finished = Counter(P + "request_success", "Finished requests by reason.",
+                                per_request + ["finished_reason"], registry=r)
+        self.goodput = Counter(P + "request_goodput", "Finished requests that met their SLO class's TTFT and "
+                               "TBT targets.", per_request, registry=r)
         self.prompt_len = Histogram(P + "request_prompt_tokens", "Prompt length of arriving requests.", labels,
                                     buckets=TOKEN_BUCKETS, registry=r)
         self.token_ratio = Gauge(P + "input_output_token_ratio", "EWMA of prompt:output tokens of finished "
@@ -83,15 +88,18 @@ class PrometheusMetrics:
         self._last_arrival = t
 
     def on_finish(self, r: RequestRecord) -> None:
-        m = self._model
-        self.finished.labels(m, r.finish_reason).inc()
-        self.e2e.labels(m).observe(r.e2e_s)
+        m, c = self._model, r.slo_class
+        self.finished.labels(m, c, r.finish_reason).inc()
+        goodput = self.goodput.labels(m, c)    # created at 0, so a class with no good request still shows
+        if self._slo.met_by(r):
+            goodput.inc()
+        self.e2e.labels(m, c).observe(r.e2e_s)
         if r.ttft_s is not None:
-            self.ttft.labels(m).observe(r.ttft_s)
+            self.ttft.labels(m, c).observe(r.ttft_s)
         for gap in r.tbt_s:
-            self.itl.labels(m).observe(gap)
+            self.itl.labels(m, c).observe(gap)
         if r.tpot_s is not None:
-            self.tpot.labels(m).observe(r.tpot_s)
+            self.tpot.labels(m, c).observe(r.tpot_s)
         if r.num_output_tokens:
             self._ewma_ratio = _ewma(self._ewma_ratio, r.num_prompt_tokens / r.num_output_tokens, 0.1)
             self.token_ratio.labels(m).set(self._ewma_ratio)

@@ -72,6 +72,8 @@ class WindowSummary:
     mfu: float | None
     mbu: float | None
     hardware: dict[str, float] = field(default_factory=dict)
+    goodput_by_class: dict[str, float] = field(default_factory=dict)           # SLO class -> requests/s met
+    slo_attainment_by_class: dict[str, float] = field(default_factory=dict)    # SLO class -> share met
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -134,7 +136,9 @@ class TelemetryWindow:
         tbt = [g for s in steps for g in s.token_gaps]     # tokens produced in the window, not before it
         tpot = [r.tpot_s for r in finished if r.tpot_s is not None]
         e2e = [r.e2e_s for r in finished]
-        met = sum(self.slo.met_by(r) for r in finished)
+        met_by = [self.slo.met_by(r) for r in finished]
+        met = sum(met_by)
+        by_class = _by_class(finished, met_by)
         busy = sum(s.duration_s for s in steps)
         return WindowSummary(
             start=start, seconds=seconds, num_arrivals=len(arrivals), arrival_rate_rps=len(arrivals) / seconds,
@@ -153,7 +157,9 @@ class TelemetryWindow:
             num_waiting_mean=float(np.mean([s.num_waiting for s in steps])) if steps else 0.0,
             num_preemptions=sum(s.num_preempted for s in steps),
             mfu=self._utilisation(steps, seconds, "flops"), mbu=self._utilisation(steps, seconds, "bytes"),
-            hardware=dict(self.hardware))
+            hardware=dict(self.hardware),
+            goodput_by_class={c: sum(m) / seconds for c, m in by_class.items()},
+            slo_attainment_by_class={c: sum(m) / len(m) for c, m in by_class.items()})
 
     def _utilisation(self, steps: list[StepRecord], seconds: float, kind: str) -> float | None:
         if self.cost is None or self.peaks is None:
@@ -161,6 +167,14 @@ class TelemetryWindow:
         if kind == "flops":
             return sum(self.cost.step_flops(s) for s in steps) / (seconds * self.peaks.flops_per_s)
         return sum(self.cost.step_bytes(s) for s in steps) / (seconds * self.peaks.bytes_per_s)
+
+
+def _by_class(records: list[RequestRecord], met: list[bool]) -> dict[str, list[bool]]:
+    """Each SLO class's verdicts, classes in order of first appearance."""
+    out: dict[str, list[bool]] = {}
+    for r, m in zip(records, met):
+        out.setdefault(r.slo_class, []).append(m)
+    return out
 
 
 def _token_ratio(finished: list[RequestRecord], arrivals: list[Arrival]) -> float | None:

@@ -170,3 +170,45 @@ def test_a_failing_step_fails_its_requests_and_the_server_keeps_serving(server, 
     r = client.completions.create(model=MODEL, prompt="w5", max_tokens=3, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 3
     wait_idle(server)
+
+
+@pytest.mark.parametrize("path,where", [("/v1/completions", "body"), ("/v1/chat/completions", "header"),
+                                        ("/v1/completions", "both")])
+def test_unknown_slo_class_is_400_and_queues_nothing(server, monkeypatch, path, where):
+    arrivals: list = []
+    monkeypatch.setattr(server.engine, "arrival_listeners", [arrivals.append])
+    body = {"model": MODEL, "max_tokens": 2, **({"messages": [{"role": "user", "content": "w5"}]}
+                                                  if "chat" in path else {"prompt": "w5"})}
+    # "both": a known header does not rescue an unknown body field, which wins
+    headers = {"X-SLO-Class": "gold" if where == "header" else "batch"} if where != "body" else {}
+    if where != "header":
+        body["slo_class"] = "gold"
+    r = httpx.post(server.url + path, json=body, headers=headers)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == "slo_class" and "'gold'" in error["message"] and "interactive" in error["message"]
+    assert server.state.loop.num_unfinished == 0
+    ok = httpx.post(server.url + path, json={**body, "slo_class": "batch"})   # the listener sees what is queued
+    assert ok.status_code == 200 and [a.request_id for a in arrivals] == [ok.json()["id"]]
+    wait_idle(server)
+
+
+def test_slo_class_from_body_field_or_header(server, client, monkeypatch):
+    records: dict[str, object] = {}
+    monkeypatch.setattr(server.engine, "finish_listeners", [lambda rec: records.__setitem__(rec.request_id, rec)])
+    kwargs = dict(model=MODEL, prompt="w5 w6", max_tokens=2)
+    ids = {
+        "default": client.completions.create(**kwargs).id,
+        "body": client.completions.create(**kwargs, extra_body={"slo_class": "batch"}).id,
+        "header": client.completions.create(**kwargs, extra_headers={"X-SLO-Class": "batch"}).id,
+        "chat body": client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5"}],
+                                                    max_tokens=2, extra_body={"slo_class": "batch"}).id,
+        "body wins": client.completions.create(**kwargs, extra_body={"slo_class": "interactive"},
+                                               extra_headers={"X-SLO-Class": "batch"}).id,
+    }
+    got = {how: (records[i].slo_class, records[i].slo_ttft_s, records[i].slo_tbt_s) for how, i in ids.items()}
+    assert got == {"default": ("interactive", 2.0, 0.25), "body": ("batch", 30.0, 2.0),
+                   "header": ("batch", 30.0, 2.0), "chat body": ("batch", 30.0, 2.0),
+                   "body wins": ("interactive", 2.0, 0.25)}
+    wait_idle(server)

@@ -126,3 +126,29 @@ def test_search_with_a_live_probe_is_reusable(server, tiny_hf):
     probe = live_probe(workload, source, BenchOptions(server.url, progress=False), SLO(), num_requests=3)
     result = search_capacity(probe, CapacityCriteria(30.0, 10.0), start_qps=20.0, max_probes=1)
     assert result.capacity_qps == 20.0 and result.probes[0].summary["num_finished"] == 3
+
+
+def test_requests_carry_their_slo_class_to_the_server_and_the_summary(server, tiny_hf, monkeypatch):
+    from autotuner.bench_client import make_prompts, run_bench
+    from autotuner.workload import RequestSpec
+    from telemetry.latency_summary import class_lines
+
+    seen: dict[int, str] = {}     # prompt length -> the class the server gave the request
+    monkeypatch.setattr(server.engine, "finish_listeners", [lambda r: seen.__setitem__(r.num_prompt_tokens,
+                                                                                       r.slo_class)])
+    specs = [RequestSpec(0.0, 8, 3, "a", "batch"), RequestSpec(0.01, 9, 3, "a"),
+             RequestSpec(0.02, 10, 3, "a", "gold")]             # gold: unknown to the server, answered 400
+    source = PromptSource(load_prompt_tokenizer(tiny_hf[0]), text=WORDS)
+    run = run_bench(specs, make_prompts(specs, source, False), BenchOptions(server.url, progress=False),
+                    SLO(30.0, 10.0), "tiny")
+    assert seen == {8: "batch", 9: "interactive"}
+    assert "HTTP 400" in run.results[2].error and "slo_class" not in (run.results[0].error or "")
+    records = [r.record(run.start) for r in run.results]
+    assert [(r.slo_class, r.slo_ttft_s, r.slo_tbt_s) for r in records] == [
+        ("batch", 30.0, 2.0), ("interactive", None, None), ("gold", None, None)]
+    by_class = run.summary.by_class
+    assert {c: v["num_requests"] for c, v in by_class.items()} == {"batch": 1, "gold": 1, "interactive": 1}
+    assert by_class["gold"]["slo_attainment"] == 0 and by_class["gold"]["ttft_p50_s"] is None
+    assert by_class["batch"]["slo_attainment"] == 1 and by_class["batch"]["ttft_p50_s"] > 0
+    lines = class_lines(run.summary.as_dict())
+    assert [line.split(":")[0] for line in lines] == ["batch", "gold", "interactive"]

@@ -20,7 +20,8 @@ KEY = "s3cret"
 NAMES = ["autotuned:num_requests_running", "autotuned:num_requests_waiting", "autotuned:kv_cache_usage_perc",
          "autotuned:time_to_first_token_seconds", "autotuned:inter_token_latency_seconds",
          "autotuned:e2e_request_latency_seconds", "autotuned:iteration_tokens_total", "autotuned:num_preemptions",
-         "autotuned:knob", "autotuned:policy_info", "autotuned:request_success", "autotuned:input_output_token_ratio"]
+         "autotuned:knob", "autotuned:policy_info", "autotuned:request_success", "autotuned:input_output_token_ratio",
+         "autotuned:request_goodput"]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,9 @@ def test_metrics_parse_and_carry_the_names(server):
     for name in NAMES:
         assert name in families, name
     samples = {s.name: s for f in families.values() for s in f.samples}
-    assert samples["autotuned:time_to_first_token_seconds_count"].value == 4
+    ttft_counts = {s.labels["slo_class"]: s.value for s in families["autotuned:time_to_first_token_seconds"].samples
+                   if s.name.endswith("_count")}
+    assert ttft_counts == {"interactive": 4}
     assert samples["autotuned:generation_tokens_total"].value == 24
     knobs = {s.labels["knob"]: s.value for s in families["autotuned:knob"].samples}
     assert knobs["token_budget"] == 32
@@ -84,3 +87,34 @@ def test_nvml_missing_degrades_to_cpu(caplog):
     assert any("NVML unavailable" in m for m in caplog.messages)
     time.sleep(0.01)
     assert set(reader.read()) == {"cpu_util_perc", "cpu_load_1m"}
+
+
+def test_slo_class_labels_reach_metrics(server):
+    openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0).completions.create(
+        model="tiny", prompt="w5 w6", max_tokens=3, extra_body={"ignore_eos": True, "slo_class": "batch"})
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+
+    def by_class(family: str, suffix: str = "") -> dict[str, float]:
+        return {s.labels["slo_class"]: s.value for s in families[family].samples if s.name == family + suffix}
+
+    assert by_class("autotuned:e2e_request_latency_seconds", "_count")["batch"] == 1
+    assert by_class("autotuned:inter_token_latency_seconds", "_count")["batch"] == 2
+    assert by_class("autotuned:request_success", "_total")["batch"] == 1
+    assert set(by_class("autotuned:request_goodput", "_total")) >= {"interactive", "batch"}
+
+
+def test_goodput_counter_judges_each_request_by_its_class():
+    from engine.outputs import RequestRecord
+    from telemetry.prometheus import PrometheusMetrics
+
+    metrics = PrometheusMetrics("m")
+    for i, (cls, ttft, targets) in enumerate([("interactive", 1.0, (2.0, 0.25)), ("interactive", 5.0, (2.0, 0.25)),
+                                              ("batch", 5.0, (30.0, 2.0)), ("batch", 40.0, (30.0, 2.0))]):
+        metrics.on_finish(RequestRecord(str(i), 0.0, ttft, ttft + 0.1, (ttft, ttft + 0.1), 4, 2, 2, "length", 0,
+                                        cls, *targets))
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    goodput = {s.labels["slo_class"]: s.value for s in families["autotuned:request_goodput"].samples
+               if s.name.endswith("_total")}
+    finished = {s.labels["slo_class"]: s.value for s in families["autotuned:request_success"].samples
+                if s.name.endswith("_total")}
+    assert goodput == {"interactive": 1, "batch": 1} and finished == {"interactive": 2, "batch": 2}
