@@ -21,10 +21,11 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from autotuner.objective import Score, badly_violated, score, slo_excess
+from autotuner.objective import Score, badly_violated, score_window, slo_excess
 from autotuner.regime import DriftDetector, Regime, WorkloadContext
 from autotuner.search_space import CONFIG, SearchSpace
 from autotuner.tuner_state import TunerState
+from engine.slo_class import SloClasses, shipped_slo_classes
 from policies import Knobs, get_policy
 from telemetry.window import SLO, WindowSummary
 
@@ -52,6 +53,8 @@ class ControllerSettings:
     abort_factor: float = 2.0
     warm_start_trials: int = 40
     warm_start_enqueue: int = 3
+    warm_start_timeout_s: float = 600.0
+    background_cpu_share: float = 0.5
 
     @staticmethod
     def load(path: str | Path = CONFIG, **overrides: Any) -> ControllerSettings:
@@ -82,8 +85,12 @@ WarmStart = Callable[[Regime, WindowSummary], list[dict[str, Any]]]
 
 class Controller:
     def __init__(self, target: TuningTarget, space: SearchSpace, state: TunerState, slo: SLO,
-                 settings: ControllerSettings, warm_start: WarmStart | None = None) -> None:
+                 settings: ControllerSettings, warm_start: WarmStart | None = None,
+                 slo_classes: SloClasses | None = None) -> None:
         self.target, self.space, self.state, self.slo, self.settings = target, space, state, slo, settings
+        classes = slo_classes or shipped_slo_classes()
+        self.class_weights = {name: c.weight for name, c in classes.classes.items()}
+        self.default_class = classes.default
         self.warm_start = warm_start
         self.drift = DriftDetector()
         self.regime: Regime | None = None
@@ -327,7 +334,7 @@ class Controller:
         configuration misses the SLO, and full windows are what tells them apart."""
         if best_configuration(self._completed(), self.space) is None:
             return False
-        return partial.num_finished >= 3 and badly_violated(partial.ttft_p50_s, partial.tbt_p99_s, self.slo,
+        return partial.num_finished >= 3 and badly_violated(self._score(partial), self.slo,
                                                               self.settings.abort_factor)
 
     def _apply(self, policy: str, knobs: Knobs) -> None:
@@ -349,7 +356,7 @@ class Controller:
             log.exception("tuner: could not restore the last good knobs; leaving the engine as it is")
 
     def _score(self, window: WindowSummary) -> Score:
-        return score(window.goodput_rps, window.arrival_rate_rps, window.ttft_p50_s, window.tbt_p99_s, self.slo)
+        return score_window(window, self.slo, self.class_weights, self.default_class)
 
     def _count(self, result: Score, exploring: bool) -> None:
         self.windows += 1

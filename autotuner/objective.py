@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from telemetry.window import SLO
+from telemetry.window import SLO, WindowSummary
 
 HEADROOM_WEIGHT = 0.01
 
@@ -36,13 +36,29 @@ def score(goodput_rps: float, offered_rps: float, ttft_p50_s: float | None, tbt_
     return Score(share + HEADROOM_WEIGHT * headroom, {"ttft_p50": ttft - slo.ttft_s, "tbt_p99": tbt - slo.tbt_s})
 
 
+def score_window(window: WindowSummary, slo: SLO, weights: dict[str, float], default_class: str) -> Score:
+    """`score` of a telemetry window. With several SLO classes in it, the share is each class's
+    attainment weighted by `weights` (per request) times the share of arrivals that finished, and the
+    constraints are the default class's own latencies (its SLO is `slo`); pooled percentiles would
+    judge interactive TBT by batch requests' 2-s gaps."""
+    if len(window.finished_by_class) <= 1:
+        return score(window.goodput_rps, window.arrival_rate_rps, window.ttft_p50_s, window.tbt_p99_s, slo)
+    weight = {c: weights.get(c, 1.0) * n for c, n in window.finished_by_class.items()}
+    attainment = sum(weight[c] * window.slo_attainment_by_class[c] for c in weight) / (sum(weight.values()) or 1.0)
+    finished_share = window.num_finished / window.num_arrivals if window.num_arrivals else 1.0
+    offered = window.arrival_rate_rps
+    return score(attainment * finished_share * offered, offered, window.ttft_p50_by_class.get(default_class),
+                 window.tbt_p99_by_class.get(default_class), slo)
+
+
 def slo_excess(constraints: dict[str, float]) -> float:
     """How far a measured (or simulated) configuration missed the SLO: its positive constraint
     values (excess over each bound, as told to Optuna), summed; 0 when it met every bound."""
     return sum(max(0.0, v) for v in constraints.values())
 
 
-def badly_violated(ttft_p50_s: float | None, tbt_p99_s: float | None, slo: SLO, factor: float) -> bool:
-    """For aborting a trial early: a partial window already `factor` times over an SLO."""
-    return ((ttft_p50_s is not None and ttft_p50_s > factor * slo.ttft_s)
-            or (tbt_p99_s is not None and tbt_p99_s > factor * slo.tbt_s))
+def badly_violated(result: Score, slo: SLO, factor: float) -> bool:
+    """For aborting a trial early: a partial window already `factor` times over an SLO (a missing
+    latency, scored at twice its bound, is not evidence enough)."""
+    return (result.constraints["ttft_p50"] > (factor - 1) * slo.ttft_s
+            or result.constraints["tbt_p99"] > (factor - 1) * slo.tbt_s)

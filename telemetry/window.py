@@ -74,6 +74,9 @@ class WindowSummary:
     hardware: dict[str, float] = field(default_factory=dict)
     goodput_by_class: dict[str, float] = field(default_factory=dict)           # SLO class -> requests/s met
     slo_attainment_by_class: dict[str, float] = field(default_factory=dict)    # SLO class -> share met
+    finished_by_class: dict[str, int] = field(default_factory=dict)
+    ttft_p50_by_class: dict[str, float | None] = field(default_factory=dict)   # of the class's finished requests
+    tbt_p99_by_class: dict[str, float | None] = field(default_factory=dict)    # their gaps, pooled per class
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -159,7 +162,12 @@ class TelemetryWindow:
             mfu=self._utilisation(steps, seconds, "flops"), mbu=self._utilisation(steps, seconds, "bytes"),
             hardware=dict(self.hardware),
             goodput_by_class={c: sum(m) / seconds for c, m in by_class.items()},
-            slo_attainment_by_class={c: sum(m) / len(m) for c, m in by_class.items()})
+            slo_attainment_by_class={c: sum(m) / len(m) for c, m in by_class.items()},
+            finished_by_class={c: len(m) for c, m in by_class.items()},
+            ttft_p50_by_class={c: _pct([r.ttft_s for r in finished if r.slo_class == c and r.ttft_s is not None], 50)
+                               for c in by_class},
+            tbt_p99_by_class={c: _pct([g for r in finished if r.slo_class == c for g in r.tbt_s], 99)
+                              for c in by_class})
 
     def _utilisation(self, steps: list[StepRecord], seconds: float, kind: str) -> float | None:
         if self.cost is None or self.peaks is None:

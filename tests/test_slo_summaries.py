@@ -53,3 +53,20 @@ def test_window_summary_by_class():
     assert w.goodput_rps == pytest.approx(2 / 50)
     late = window.window(10.0)     # only the batch request that missed its TTFT finished in [40, 50)
     assert late.goodput_by_class == {"batch": 0.0} and late.slo_attainment_by_class == {"batch": 0.0}
+
+
+def test_the_tuner_scores_a_mixed_window_by_class_weights_and_the_default_class_latency():
+    from autotuner.objective import score_window
+    window = TelemetryWindow(SLO(2.0, 0.25), clock=lambda: 60.0)
+    for r in RECORDS[:5]:                  # interactive: 1 of 3 met; batch: 1 of 2
+        window.on_finish(r)
+    summary = window.window(60.0)
+    assert summary.finished_by_class == {"interactive": 3, "batch": 2}
+    assert summary.tbt_p99_by_class["interactive"] == pytest.approx(0.5, abs=0.02)   # not batch's 1 s gaps
+    summary = summary.__class__(**(vars(summary) | {"num_arrivals": 6, "arrival_rate_rps": 0.1}))
+    headroom = 0.01 * (1 - 0.5 * (1.0 / 2.0 + 0.5 / 0.25))           # interactive P50 TTFT 1 s, P99 TBT 0.5 s
+    even = score_window(summary, SLO(2.0, 0.25), {"interactive": 1.0, "batch": 1.0}, "interactive")
+    batch_heavy = score_window(summary, SLO(2.0, 0.25), {"interactive": 1.0, "batch": 3.0}, "interactive")
+    assert even.value == pytest.approx(2 / 5 * 5 / 6 + headroom, abs=1e-3)      # attainment x finished share
+    assert batch_heavy.value == pytest.approx(4 / 9 * 5 / 6 + headroom, abs=1e-3)
+    assert even.constraints["tbt_p99"] == pytest.approx(0.25, abs=0.02)           # the interactive class's
