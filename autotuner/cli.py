@@ -52,7 +52,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; any other needs an API key)")
     p.add_argument("--port", type=int, default=None, help="port (default 8000)")
     p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp32"], help="default auto")
-    p.add_argument("--policy", default=None, help="scheduling policy (default sarathi; see `autotuned-serve policies`)")
+    p.add_argument("--policy", default=None, help="scheduling policy (default deadline; see `autotuned-serve policies`)")
     p.add_argument("--token-budget", type=int, default=None, help="initial token budget per step (default 512)")
     p.add_argument("--kv-cache-memory-mb", type=float, default=None, help="KV cache size in MiB (default 512)")
     p.add_argument("--max-waiting", type=int, default=None, help="queued requests beyond this get 429 (default 256)")

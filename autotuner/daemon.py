@@ -19,6 +19,7 @@ from telemetry.model_cost import ModelCost
 from telemetry.prometheus import PrometheusMetrics
 from telemetry.window import SLO, Arrival, TelemetryWindow
 from autotuner.admin_api import add_admin_routes
+from autotuner.simulation import find_cost_model
 from autotuner.tuner_service import TunerService
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,8 @@ def run_daemon(config: DaemonConfig) -> None:
 
     def load() -> LLMEngine:
         engine = telemetry.attach(LLMEngine(config.engine))
+        # the deadline policy prices each step with it; the tuner keeps it scaled to the live speed
+        engine.scheduler.cost = find_cost_model(None, config.state_dir)
         # What exists now (the tokenizer's vocabulary, checkpoint metadata, imported modules) lives as
         # long as the daemon: keep it out of every later full GC pass, which would otherwise walk it
         # in the middle of a step (a TBT spike), as vLLM and SGLang do after start-up.

@@ -40,8 +40,8 @@ class Settings:
     max_body_bytes: int = 1 << 20
     default_max_tokens: int = 256
     grace_s: float = 30.0
-    policy: str = "sarathi"
-    knobs: dict[str, Any] = field(default_factory=dict)
+    policy: str = "deadline"          # steps sized to the running requests' TBT slack (policies/deadline.py)
+    knobs: dict[str, Any] = field(default_factory=lambda: {"token_budget": 2048})   # a cap: deadline sizes steps by time
     slo: dict[str, float] = field(default_factory=dict)    # the default SLO class's targets (ttft_s, tbt_s)
     slo_classes: str = str(SHIPPED_SLO_CLASSES)            # YAML file of the classes requests may name
     tune: bool = True

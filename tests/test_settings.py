@@ -11,7 +11,7 @@ from tests.test_metrics_admin import NAMES
 
 def test_default_config_file_loads():
     s = load_settings("configs/default.yaml", {"port": 9000, "policy": None})
-    assert s.port == 9000 and s.policy == "sarathi" and s.knob_values().token_budget == 512
+    assert s.port == 9000 and s.policy == "deadline" and s.knob_values().token_budget == 2048
     assert s.slo_values().tbt_s == 0.25
 
 
