@@ -1,0 +1,77 @@
+"""Deadline-aware steps on the REAL daemon: the same seeded chat requests served by the deadline
+policy (inner loop on, no tuner) and by plain token budgets (Sarathi-Serve's stall-free batching,
+inner loop off), one fresh daemon after another on the bundled SmolLM2. Reported per configuration:
+P50 TTFT and P99 TBT (Sarathi-Serve's capacity criterion at this rate), goodput and SLO attainment.
+
+    python benchmarks/deadline_daemon.py --qps 0.3 --num-requests 60 --configs deadline sarathi-32 sarathi-24
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from bench_common import MachineInfo, emit_summary
+from tuning_shift import start_daemon, stop_daemon
+from autotuner.bench_client import BenchOptions, make_prompts, run_bench
+from autotuner.prompts import PromptSource, load_prompt_tokenizer
+from autotuner.workload import generate, load_workload
+from telemetry.window import SLO
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", default="chat")
+    p.add_argument("--qps", type=float, default=0.3)
+    p.add_argument("--num-requests", type=int, default=60)
+    p.add_argument("--configs", nargs="+", default=["deadline", "sarathi-32"],
+                   help="deadline, or sarathi-N for a plain token budget of N")
+    p.add_argument("--slo-ttft-s", type=float, default=2.0)
+    p.add_argument("--slo-tbt-s", type=float, default=0.25)
+    p.add_argument("--port", type=int, default=8013)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    return p.parse_args()
+
+
+def settings_for(name: str, slo: SLO, port: int, state_dir: str) -> dict:
+    common = {"port": port, "state_dir": state_dir, "tune": False, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s}}
+    if name == "deadline":
+        return common | {"policy": "deadline", "knobs": {"token_budget": 2048}}
+    policy, _, budget = name.partition("-")
+    return common | {"policy": policy, "knobs": {"token_budget": int(budget)}}
+
+
+def run_one(name: str, specs, prompts, slo: SLO, args: argparse.Namespace) -> dict:
+    workdir = tempfile.mkdtemp(prefix=f"deadline_daemon_{name}_")
+    proc = start_daemon(settings_for(name, slo, args.port, os.path.join(workdir, "state")), workdir)
+    try:
+        options = BenchOptions(f"http://127.0.0.1:{args.port}", max_duration_s=specs[-1].arrival_s + 600,
+                               progress=False)
+        summary = run_bench(specs, prompts, options, slo).summary
+    finally:
+        stop_daemon(proc)
+    result = {"ttft_p50_s": summary.ttft_p50_s, "tbt_p99_s": summary.tbt_p99_s, "tbt_p50_s": summary.tbt_p50_s,
+              "goodput_rps": summary.goodput_rps, "slo_attainment": summary.slo_attainment,
+              "failed": summary.num_failed,
+              "meets_capacity_criterion": bool(summary.ttft_p50_s is not None and summary.ttft_p50_s <= slo.ttft_s
+                                               and summary.tbt_p99_s is not None and summary.tbt_p99_s <= slo.tbt_s)}
+    print(f"{name}: {result}", file=sys.stderr)
+    return result
+
+
+def main() -> None:
+    args = parse_args()
+    slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
+    specs = generate(load_workload(args.workload), args.qps, num_requests=args.num_requests, seed=args.seed)
+    prompts = make_prompts(specs, PromptSource(load_prompt_tokenizer(None), args.seed), text=False)
+    results = {name: run_one(name, specs, prompts, slo, args) for name in args.configs}
+    emit_summary({"machine": MachineInfo.collect().as_dict(), "workload": args.workload, "qps": args.qps,
+                  "num_requests": len(specs), "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
+                  "results": results}, args.json)
+
+
+if __name__ == "__main__":
+    main()
