@@ -99,10 +99,11 @@ def _cdf(ax: Axes, values: list[float], xlabel: str, slo: float | None) -> None:
 def _mark(ax: Axes, requests: list[dict[str, Any]], slo: float | None, xlabel: str, ylabel: str) -> None:
     """Axis labels, the SLO line and dotted lines where the workload changes phase."""
     ordered = sorted((r for r in requests if r["sent_s"] is not None), key=lambda r: r["sent_s"])
+    phase = lambda r: r["phase"].split("/")[0]  # noqa: E731  (a phase's concurrent streams read phase/stream)
     for prev, r in zip(ordered, ordered[1:]):
-        if r["phase"] != prev["phase"]:
+        if phase(r) != phase(prev):
             ax.axvline(r["sent_s"], color="gray", linestyle=":")
-            ax.annotate(r["phase"], (r["sent_s"], 0.98), xycoords=("data", "axes fraction"), fontsize=8,
+            ax.annotate(phase(r), (r["sent_s"], 0.98), xycoords=("data", "axes fraction"), fontsize=8,
                         rotation=90, ha="right", va="top", color="gray")
     if slo is not None:
         ax.axhline(slo, color="C3", linestyle="--", label=f"SLO {slo:g} s")

@@ -1,5 +1,8 @@
 """Synthetic serving workloads: phases of arrivals with prompt/output lengths -> a list of RequestSpecs.
 
+A phase is one request stream, or several concurrent streams (each its own arrival process,
+lengths and SLO class) merged in arrival order; phases run one after another.
+
 Pure Python + numpy, no HTTP, so the bench client and the simulator replay the same requests.
 Every arrival process is a renewal process of unit rate in "operational time" mapped to real
 time through the inverse of its integrated rate (time rescaling): a constant rate divides, a
@@ -19,6 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import yaml
+
+from engine.slo_class import shipped_slo_classes
 
 PRESETS_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "workloads.yaml")
 
@@ -180,6 +185,21 @@ def read_trace(path: str, replay: bool = False) -> Trace:
 # ---- workloads ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class Stream:
+    """One of a phase's concurrent request streams."""
+
+    name: str
+    arrival: ArrivalProcess = field(default_factory=ArrivalProcess)
+    lengths: Lengths = CHAT
+    rate: float = 1.0              # multiplier of the phase's rate
+    slo_class: str | None = None   # None: the server's default class
+
+    def __post_init__(self) -> None:
+        if not self.rate > 0:
+            raise ValueError(f"stream {self.name!r}: rate must be > 0, got {self.rate}")
+
+
+@dataclass(frozen=True)
 class Phase:
     name: str
     arrival: ArrivalProcess = field(default_factory=ArrivalProcess)
@@ -187,8 +207,14 @@ class Phase:
     share: float | None = None     # share of the run (its duration, or its request count); default 1
     requests: int | None = None    # or: exactly this many requests, whatever the run's size
     rate: float = 1.0              # multiplier of the workload's base qps
+    slo_class: str | None = None   # None: the server's default class
+    streams: tuple[Stream, ...] = ()   # concurrent streams; when given, arrival/lengths/slo_class are unused
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "streams", tuple(self.streams))
+        names = [s.name for s in self.streams]
+        if len(set(names)) < len(names):
+            raise ValueError(f"phase {self.name!r}: stream names must be unique, got {', '.join(names)}")
         if self.share is not None and self.requests is not None:
             raise ValueError(f"phase {self.name!r}: give share or requests, not both")
         if self.share is not None and not self.share > 0:
@@ -201,6 +227,12 @@ class Phase:
     @property
     def weight(self) -> float:
         return 1.0 if self.share is None else self.share
+
+    def labelled_streams(self) -> list[tuple[str, Stream]]:
+        """(RequestSpec.phase label, stream): a phase without streams is one stream named after it."""
+        if not self.streams:
+            return [(self.name, Stream(self.name, self.arrival, self.lengths, 1.0, self.slo_class))]
+        return [(f"{self.name}/{s.name}", s) for s in self.streams]
 
 
 @dataclass(frozen=True)
@@ -240,19 +272,24 @@ def generate(workload: Workload, qps: float | None = None, num_requests: int | N
     specs: list[RequestSpec] = []
     start = 0.0
     for i, phase in enumerate(workload.phases):
-        arrival_rng = np.random.default_rng([seed, i, 0])
-        length_rng = np.random.default_rng([seed, i, 1])
-        phase_rate = rate * phase.rate
+        streams = phase.labelled_streams()
+        # a plain phase keeps its original seeds, so existing workloads replay the same requests
+        keys = [[seed, i]] if not phase.streams else [[seed, i, j] for j in range(len(streams))]
+        arrival_rngs = [np.random.default_rng(k + [0]) for k in keys]
+        length_rngs = [np.random.default_rng(k + [1]) for k in keys]
+        rates = [rate * phase.rate * s.rate for _, s in streams]
         if phase.requests is None and counts is None:
             length_s = duration_s * phase.weight / total_weight
-            times = _arrivals_until(phase.arrival, arrival_rng, phase_rate, length_s)
+            times = [_arrivals_until(s.arrival, g, r, length_s) for (_, s), g, r in zip(streams, arrival_rngs, rates)]
             end = start + length_s
         else:
             n = phase.requests if phase.requests is not None else counts[i]
-            times = _arrivals_count(phase.arrival, arrival_rng, phase_rate, n)
-            end = start + (float(times[-1]) if len(times) else 0.0)
-        prompts, outputs = phase.lengths.sample(length_rng, len(times))
-        specs += [RequestSpec(start + float(t), int(p), int(o), phase.name) for t, p, o in zip(times, prompts, outputs)]
+            times = _arrivals_count([s.arrival for _, s in streams], arrival_rngs, rates, n)
+            end = start + max((float(t[-1]) for t in times if len(t)), default=0.0)
+        for (label, stream), t, g in zip(streams, times, length_rngs):
+            prompts, outputs = stream.lengths.sample(g, len(t))
+            specs += [RequestSpec(start + float(a), int(p), int(o), label, stream.slo_class)
+                      for a, p, o in zip(t, prompts, outputs)]
         start = end
     specs.sort(key=lambda s: s.arrival_s)
     if duration_s is not None:
@@ -283,9 +320,33 @@ def _arrivals_until(process: ArrivalProcess, rng: np.random.Generator, rate: flo
     return process.to_time(s[s < s_end], rate, length_s)
 
 
-def _arrivals_count(process: ArrivalProcess, rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
-    length_s = n / (rate * process.mean_multiplier)    # a ramp spans the time its n requests take on average
-    return process.to_time(np.cumsum(process.unit_gaps(rng, n)), rate, length_s)
+def _arrivals_count(processes: Sequence[ArrivalProcess], rngs: Sequence[np.random.Generator],
+                    rates: Sequence[float], n: int) -> list[np.ndarray]:
+    """Each stream's arrivals among the first n of the streams' superposition.
+
+    A ramp spans the time the n requests take on average. Gaps are drawn in order and only appended,
+    so a stream's arrivals do not depend on how many were drawn, nor (but for scale) on the qps.
+    """
+    if n == 0:
+        return [np.empty(0) for _ in processes]
+    total = sum(r * p.mean_multiplier for p, r in zip(processes, rates))
+    length_s = n / total
+    ops = [np.cumsum(p.unit_gaps(g, math.ceil(n * r * p.mean_multiplier / total)))
+           for p, g, r in zip(processes, rngs, rates)]
+    while True:
+        times = [p.to_time(s, r, length_s) for p, s, r in zip(processes, ops, rates)]
+        merged = np.concatenate(times)
+        cutoff = np.sort(merged)[n - 1] if len(merged) >= n else math.inf
+        short = [j for j, t in enumerate(times) if t[-1] <= cutoff]   # may hold arrivals before the cutoff
+        if not short:
+            break
+        for j in short:
+            ops[j] = np.concatenate([ops[j], ops[j][-1] + np.cumsum(processes[j].unit_gaps(rngs[j], len(ops[j])))])
+    # the first n in arrival order (ties go to the earlier stream); each stream gives a prefix of its arrivals
+    first = np.argsort(merged, kind="stable")[:n]
+    stream_of = np.repeat(np.arange(len(times)), [len(t) for t in times])
+    kept = np.bincount(stream_of[first], minlength=len(times))
+    return [t[:k] for t, k in zip(times, kept)]
 
 
 # ---- configuration -----------------------------------------------------------------------------
@@ -336,16 +397,42 @@ def parse_workload(name: str, data: Any, base_dir: str = ".") -> Workload:
 
 
 def _parse_phase(data: Any, index: int, base_dir: str) -> Phase:
-    data = _mapping(data, f"phase {index + 1}", {"name", "share", "requests", "rate", "arrival", "lengths"})
+    data = _mapping(data, f"phase {index + 1}",
+                    {"name", "share", "requests", "rate", "arrival", "lengths", "slo_class", "streams"})
     name = str(data.get("name", f"phase-{index + 1}"))
     try:
+        streams = data.get("streams", [])
+        if not isinstance(streams, list) or ("streams" in data and not streams):
+            raise ValueError("'streams' must be a non-empty list")
         return Phase(name=name, arrival=_parse_arrival(data.get("arrival", "poisson")),
                      lengths=_parse_lengths(data.get("lengths", "chat"), base_dir),
                      share=None if data.get("share") is None else float(data["share"]),
                      requests=None if data.get("requests") is None else int(data["requests"]),
-                     rate=float(data.get("rate", 1.0)))
+                     rate=float(data.get("rate", 1.0)), slo_class=_slo_class(data.get("slo_class")),
+                     streams=tuple(_parse_stream(s, j, data, base_dir) for j, s in enumerate(streams)))
     except (TypeError, ValueError) as e:
         raise ValueError(str(e) if str(e).startswith("phase ") else f"phase {name!r}: {e}") from e
+
+
+def _parse_stream(data: Any, index: int, phase: Mapping[str, Any], base_dir: str) -> Stream:
+    """A stream takes arrival, lengths and slo_class from its phase unless it gives its own."""
+    data = _mapping(data, f"stream {index + 1}", {"name", "rate", "arrival", "lengths", "slo_class"})
+    name = str(data.get("name", f"stream-{index + 1}"))
+    pick = lambda key, default: data.get(key, phase.get(key, default))  # noqa: E731
+    try:
+        return Stream(name, _parse_arrival(pick("arrival", "poisson")),
+                      _parse_lengths(pick("lengths", "chat"), base_dir),
+                      float(data.get("rate", 1.0)), _slo_class(pick("slo_class", None)))
+    except (TypeError, ValueError) as e:
+        raise ValueError(str(e) if str(e).startswith("stream ") else f"stream {name!r}: {e}") from e
+
+
+def _slo_class(value: Any) -> str | None:
+    """A class of configs/slo_classes.yaml, checked here so a typo fails at load time, not mid-run."""
+    if value is None:
+        return None
+    shipped_slo_classes().get(str(value))    # ValueError naming the known classes
+    return str(value)
 
 
 def _parse_arrival(data: Any) -> ArrivalProcess:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections import Counter
+
 import numpy as np
 import pytest
 
-from autotuner.workload import (ArrivalProcess, Phase, Workload, generate, load_workload, parse_workload,
-                                preset_names)
+from autotuner.workload import (ArrivalProcess, Phase, RequestSpec, Workload, generate, load_workload,
+                                parse_workload, preset_names)
 
 
 def arrivals(process: ArrivalProcess, qps: float = 5.0, n: int = 20_000) -> np.ndarray:
@@ -61,7 +65,8 @@ def test_chat_lengths_and_presets():
     outputs = np.array([s.output_tokens for s in specs])
     assert 180 <= prompts.mean() <= 220 and prompts.min() >= 16 and prompts.max() <= 1024
     assert 105 <= outputs.mean() <= 125 and outputs.min() >= 8 and outputs.max() <= 512
-    assert {"chat", "summarization", "shift", "bursty-chat", "ramp-chat"} <= set(preset_names())
+    assert {"chat", "summarization", "shift", "bursty-chat", "ramp-chat", "mixed-classes",
+            "shift-classes"} <= set(preset_names())
     for name in preset_names():
         assert generate(load_workload(name), num_requests=10)
 
@@ -108,6 +113,15 @@ def test_uniform_and_fixed_lengths():
     ({"phases": [{"colour": "red"}]}, "unknown key 'colour'"),
     ({"qps": -1, "phases": [{}]}, "qps must be > 0"),
     ({"phases": [{"lengths": {"kind": "trace", "path": "/no/such.csv"}}]}, "cannot read trace /no/such.csv"),
+    ({"phases": [{"name": "a", "slo_class": "gold"}]},
+     "phase 'a': unknown slo_class 'gold'; known: interactive, batch"),
+    ({"phases": [{"name": "a", "streams": [{"name": "s", "slo_class": "Batch"}]}]},
+     "phase 'a': stream 's': unknown slo_class 'Batch'"),
+    ({"phases": [{"name": "a", "slo_class": "gold", "streams": [{"slo_class": "batch"}]}]}, "unknown slo_class 'gold'"),
+    ({"phases": [{"name": "a", "streams": []}]}, "phase 'a': 'streams' must be a non-empty list"),
+    ({"phases": [{"name": "a", "streams": [{"name": "s"}, {"name": "s"}]}]}, "stream names must be unique"),
+    ({"phases": [{"name": "a", "streams": [{"name": "s", "share": 1}]}]}, "stream 1: unknown key 'share'"),
+    ({"phases": [{"name": "a", "streams": [{"name": "s", "rate": 0}]}]}, "stream 's': rate must be > 0"),
 ])
 def test_bad_configs_give_one_line_errors(data, message):
     with pytest.raises(ValueError) as e:
@@ -120,3 +134,72 @@ def test_unknown_preset_lists_the_known_ones():
         load_workload("nope")
     with pytest.raises(ValueError, match="num_requests or duration_s"):
         generate(load_workload("chat"))
+
+
+def digest(specs: list[RequestSpec]) -> str:
+    rows = [(round(s.arrival_s, 9), s.prompt_tokens, s.output_tokens, s.phase, s.slo_class) for s in specs]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+
+
+# Recorded with the generator before phases had streams and SLO classes: same seed, same requests.
+OLD_PRESETS = {
+    "chat": ("57b85805134fa001", "65c769db245bb5f8", "7628510f4037be38"),
+    "summarization": ("1d1deb8045a0bd3c", "34b49fa876817c3a", "a144ddccb7e3a43c"),
+    "shift": ("ea38ec43e83ac68a", "8fae44ab9d064ada", "bcd47d0738c8b32a"),
+    "bursty-chat": ("6bf024e407ada1d8", "3e0db7090a3f5f1d", "1a43309d7d6c05ff"),
+    "ramp-chat": ("4149a9327eb1b4a2", "b372c49883a06336", "9f839afeab26b27e"),
+}
+
+
+@pytest.mark.parametrize("name", OLD_PRESETS)
+def test_old_presets_generate_the_same_requests(name):
+    w = load_workload(name)
+    assert (digest(generate(w, qps=1.5, num_requests=300, seed=7)), digest(generate(w, duration_s=200.0, seed=2)),
+            digest(generate(w, qps=2.0, num_requests=100, duration_s=30.0, seed=0))) == OLD_PRESETS[name]
+
+
+TWO_STREAMS = {"phases": [{"name": "p", "streams": [
+    {"name": "a", "rate": 1.0, "arrival": {"process": "gamma", "burstiness": 4}, "lengths": "chat"},
+    {"name": "b", "rate": 0.25, "arrival": "poisson", "lengths": "summarization", "slo_class": "batch"}]}]}
+
+
+def test_streams_merge_in_arrival_order_each_at_its_own_rate():
+    w = parse_workload("two", TWO_STREAMS)
+    for specs in (generate(w, qps=4.0, duration_s=5000.0, seed=1), generate(w, qps=4.0, num_requests=25_000, seed=1)):
+        assert [s.arrival_s for s in specs] == sorted(s.arrival_s for s in specs)
+        span = specs[-1].arrival_s
+        a = np.array([s.arrival_s for s in specs if s.phase == "p/a"])
+        b = np.array([s.arrival_s for s in specs if s.phase == "p/b"])
+        assert len(a) + len(b) == len(specs)
+        assert len(a) / span == pytest.approx(4.0, rel=0.05) and len(b) / span == pytest.approx(1.0, rel=0.05)
+        assert cv(a) == pytest.approx(2.0, rel=0.1) and cv(b) == pytest.approx(1.0, rel=0.05)   # own processes
+        assert min(s.prompt_tokens for s in specs if s.phase == "p/b") >= 1000                    # own lengths
+        assert {(s.phase, s.slo_class) for s in specs} == {("p/a", None), ("p/b", "batch")}
+
+
+def test_streams_count_mode_is_exact_and_qps_rescales_the_same_requests():
+    w = parse_workload("two", TWO_STREAMS)
+    one, two = generate(w, qps=1.0, num_requests=500, seed=3), generate(w, qps=2.0, num_requests=500, seed=3)
+    assert len(one) == 500 and [s.arrival_s / 2 for s in one] == pytest.approx([s.arrival_s for s in two])
+    assert [(s.phase, s.prompt_tokens) for s in one] == [(s.phase, s.prompt_tokens) for s in two]
+    # the first 500 of a longer run: drawing more arrivals does not change the earlier ones
+    longer = generate(w, qps=1.0, num_requests=2000, seed=3)
+    assert [(s.arrival_s, s.phase) for s in longer[:500]] == [(s.arrival_s, s.phase) for s in one]
+    fixed = parse_workload("ties", {"phases": [{"requests": 3, "streams": [{"name": "x", "arrival": "fixed"},
+                                                                            {"name": "y", "arrival": "fixed"}]}]})
+    assert [s.phase for s in generate(fixed, num_requests=3)] == ["phase-1/x", "phase-1/y", "phase-1/x"]
+
+
+def test_classes_land_on_the_specs():
+    specs = generate(load_workload("mixed-classes"), num_requests=2000)
+    assert Counter((s.phase, s.slo_class) for s in specs).keys() == {("mixed/chat", "interactive"),
+                                                                     ("mixed/summarization", "batch")}
+    n_batch = sum(s.slo_class == "batch" for s in specs)
+    assert n_batch / len(specs) == pytest.approx(0.01 / 0.21, abs=0.015)
+    phases = [s.phase.split("/")[0] for s in generate(load_workload("shift-classes"), num_requests=300)]
+    assert phases == ["chat-1"] * 100 + ["mixed"] * 100 + ["chat-2"] * 100
+    # a phase's class is its streams' default; a stream's own class wins
+    w = parse_workload("x", {"phases": [{"name": "p", "slo_class": "batch", "lengths": "summarization",
+                                         "streams": [{"name": "a"}, {"name": "b", "slo_class": "interactive"}]}]})
+    assert {(s.phase, s.slo_class) for s in generate(w, num_requests=200)} == {("p/a", "batch"), ("p/b", "interactive")}
+    assert min(s.prompt_tokens for s in generate(w, num_requests=200)) >= 1000   # lengths from the phase too
