@@ -54,6 +54,7 @@ class ControllerSettings:
     warm_start_trials: int = 40
     warm_start_enqueue: int = 3
     warm_start_timeout_s: float = 600.0
+    background: bool = True               # the daemon's simulations in a separate low-priority process
     background_cpu_share: float = 0.5
 
     @staticmethod

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 from typing import Any
@@ -11,12 +12,13 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from autotuner.background import BackgroundRunner
 from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings
-from autotuner.search_space import load_search_space
+from autotuner.search_space import CONFIG, load_search_space
 from autotuner.simulation import find_cost_model
 from autotuner.targets import EngineTarget
 from autotuner.tuner_state import TunerState
-from autotuner.warm_start import SimulatorWarmStart, slo_token_budget
+from autotuner.warm_start import SimulatorWarmStart, background_runner, search, slo_token_budget
 from engine.cost_model import CostModel, StepShape
 from engine.llm_engine import LLMEngine
 from engine.outputs import StepRecord
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 LIVE_STEPS = 2000           # live steps kept for the cost model's speed factor
 MIN_LIVE_STEPS = 200
 SPEED_FACTOR_RANGE = (0.5, 2.0)   # a live machine further off its calibration than this wants a recalibration
+SAMPLE_TIMEOUT_S = 60.0     # one TPE sample in the background (~1 s: a Python start and the sample)
+TUNING_CONFIG_ENV = "AUTOTUNED_SERVE_TUNING"   # another tuning.yaml for the daemon's tuner (benchmarks, ablations)
 
 
 class OnlineCostModel:
@@ -80,8 +84,9 @@ class TunerService:
     def __init__(self, state_dir: str, slo: SLO, registry: CollectorRegistry, max_token_budget: int,
                  settings: ControllerSettings | None = None) -> None:
         self.state_dir, self.slo = state_dir, slo
-        self.settings = settings or ControllerSettings.load()
-        self.space = load_search_space(max_token_budget=max_token_budget)
+        config = os.environ.get(TUNING_CONFIG_ENV) or CONFIG
+        self.settings = settings or ControllerSettings.load(config)
+        self.space = load_search_space(config, max_token_budget=max_token_budget)
         self.metrics = TunerMetrics(registry)
         self.stop_event = threading.Event()
         self.controller: Controller | None = None
@@ -89,13 +94,20 @@ class TunerService:
         self._thread: threading.Thread | None = None
 
     def start(self, engine: LLMEngine, telemetry: TelemetryWindow) -> None:
-        state = TunerState(self.state_dir)
+        s = self.settings
+        # The tuner's compute, TPE's samples and the warm start's simulations, in low-priority child
+        # processes: never on the engine's CPU time (in this process only for comparisons: background false).
+        sampling = simulating = None
+        if s.background:
+            sampling = BackgroundRunner(s.background_cpu_share, SAMPLE_TIMEOUT_S, self.stop_event)
+            simulating = BackgroundRunner(s.background_cpu_share, s.warm_start_timeout_s, self.stop_event)
+        state = TunerState(self.state_dir, runner=sampling)
         self.cost = OnlineCostModel(find_cost_model(None, self.state_dir))
         engine.step_listeners.append(self.cost.on_step)
         target = EngineTarget(engine, telemetry, self.stop_event)
-        warm = SimulatorWarmStart(self.cost.current, self.space, self.slo, self.settings.policy, target.knobs,
-                                  telemetry.recent_requests, self.settings.warm_start_trials,
-                                  self.settings.warm_start_enqueue)
+        warm = SimulatorWarmStart(self.cost.current, self.space, self.slo, s.policy, target.knobs,
+                                  telemetry.recent_requests, s.warm_start_trials, s.warm_start_enqueue,
+                                  runner=background_runner(simulating) if simulating else search)
         self.controller = Controller(target, self.space, state, self.slo, self.settings, warm)
         self.controller.listeners.append(self.metrics.on_decision)
         self.controller.cold_start(slo_token_budget(self.cost.current(), self.slo, self.space, SLO_HEADROOM))

@@ -14,11 +14,14 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autotuner.background import BackgroundRunner
+from autotuner.live_sampler import BackgroundTPE
 from autotuner.regime import Regime
 
 log = logging.getLogger(__name__)
 STUDY_PREFIX = "regime:"
 MATCH_OCTAVES = 0.75      # a workload this close (log2 units) to a known regime's centre reuses its study
+STARTUP_TRIALS = 4        # random samples before TPE's; the warm start seeds the study too
 
 
 def now_iso() -> str:
@@ -26,12 +29,13 @@ def now_iso() -> str:
 
 
 class TunerState:
-    def __init__(self, state_dir: str | Path, seed: int | None = None) -> None:
+    def __init__(self, state_dir: str | Path, seed: int | None = None, runner: BackgroundRunner | None = None) -> None:
+        """`runner`: where TPE's sampling runs (the daemon's background process); None: in this thread."""
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.storage = optuna.storages.RDBStorage(f"sqlite:///{self.dir / 'tuner.db'}")
         self.decisions_path = self.dir / "decisions.jsonl"
-        self.seed = seed
+        self.seed, self.runner = seed, runner
         self._lock = threading.Lock()
         self.recovered = self._fail_running_trials()
 
@@ -68,7 +72,8 @@ class TunerState:
         return regime, study
 
     def study(self, regime: Regime) -> optuna.Study:
-        sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=4)   # warm start seeds it
+        sampler = (BackgroundTPE(self.runner, self.seed, STARTUP_TRIALS) if self.runner
+                   else optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=STARTUP_TRIALS))
         study = optuna.create_study(study_name=STUDY_PREFIX + regime.key, storage=self.storage,
                                     direction="maximize", sampler=sampler, load_if_exists=True)
         if "regime" not in study.user_attrs:

@@ -3,12 +3,16 @@ and hand the controller the best few configurations to try first."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import optuna
 
+from autotuner.background import BackgroundRunner, throttle
 from autotuner.objective import score, slo_excess
 from autotuner.regime import Regime
 from autotuner.search_space import SearchSpace
@@ -19,7 +23,9 @@ from engine.outputs import RequestRecord
 from policies import Knobs
 from telemetry.window import SLO, WindowSummary
 
+log = logging.getLogger(__name__)
 NUM_REQUESTS = 200
+optuna.logging.set_verbosity(optuna.logging.WARNING)   # in a background process too: no line per trial
 
 
 def slo_token_budget(cost: CostModel, slo: SLO, space: SearchSpace, headroom: float) -> int | None:
@@ -36,58 +42,110 @@ def slo_token_budget(cost: CostModel, slo: SLO, space: SearchSpace, headroom: fl
     return max(fits, default=int(budget.low))
 
 
-def observed_workload(samples: list[RequestRecord], rate_rps: float, seed: int = 0,
+def observed_workload(lengths: list[tuple[int, int]], rate_rps: float, seed: int = 0,
                       num_requests: int = NUM_REQUESTS) -> list[RequestSpec]:
     """Poisson arrivals at the observed rate, (prompt, output) lengths resampled from finished requests."""
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(samples), num_requests)
+    picks = rng.integers(0, len(lengths), num_requests)
     arrivals = np.cumsum(rng.exponential(1.0 / rate_rps, num_requests))
-    return [RequestSpec(float(t), samples[i].num_prompt_tokens, max(1, samples[i].num_output_tokens), "observed")
-            for t, i in zip(arrivals, picks)]
+    return [RequestSpec(float(t), lengths[i][0], max(1, lengths[i][1]), "observed") for t, i in zip(arrivals, picks)]
+
+
+@dataclass(frozen=True)
+class WarmStartJob:
+    """One search as plain data: what crosses to the background process the daemon runs it in."""
+
+    cost: CostModel
+    space: SearchSpace
+    slo: SLO
+    policy: str
+    knobs: dict[str, Any]              # the engine's knobs, which the tuned ones replace
+    lengths: list[tuple[int, int]]     # (prompt, output) tokens of recently finished requests
+    rate_rps: float
+    trials: int
+    keep: int
+    seed: int = 0
+
+
+def search(job: WarmStartJob) -> list[dict[str, Any]]:
+    """The Optuna search over simulated runs of the observed workload; the `keep` best configurations."""
+    specs = observed_workload(job.lengths, job.rate_rps, job.seed)
+    base = Knobs(**job.knobs)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=job.seed))
+
+    def objective(trial: optuna.Trial) -> float:
+        params = job.space.suggest(trial)
+        knobs = base.replace(**{k: v for k, v in params.items() if k != "policy"})
+        summary = simulate(specs, job.cost, params.get("policy", job.policy), knobs, job.slo).summary
+        result = score(summary.goodput_rps, summary.num_requests / summary.duration_s, summary.ttft_p50_s,
+                       summary.tbt_p99_s, job.slo)
+        for name, value in result.constraints.items():
+            trial.set_constraint(name, value)
+        throttle()      # in a background process: keep within its CPU share
+        return result.value
+
+    study.optimize(objective, n_trials=job.trials)
+    return best_configurations(study, job.space, job.keep)
+
+
+def best_configurations(study: optuna.Study, space: SearchSpace, keep: int) -> list[dict[str, Any]]:
+    """The best feasible configurations; when fewer than `keep` are feasible, the rest are those
+    that missed the SLO by least (as the controller's incumbent rule), so a regime where nothing
+    meets the SLO still starts next to the configuration that comes closest."""
+    done = [t for t in study.trials if t.value is not None]
+    excess = {t.number: slo_excess(t.constraints) for t in done}
+    feasible = sorted((t for t in done if excess[t.number] == 0), key=lambda t: t.value, reverse=True)
+    nearest = sorted((t for t in done if excess[t.number] > 0), key=lambda t: excess[t.number])
+    best, seen = [], set()
+    for t in feasible + nearest:
+        params = space.snap(t.params)
+        key = tuple(sorted(params.items()))
+        if key not in seen:
+            seen.add(key)
+            best.append(params)
+        if len(best) == keep:
+            break
+    return best
+
+
+Runner = Callable[[WarmStartJob], list[dict[str, Any]]]
 
 
 class SimulatorWarmStart:
+    """The controller's warm start: reads the live inputs (cost model, recent requests, knobs) on the
+    caller's thread, then runs `search` through `runner`: in this process by default (the simulated
+    controller, tests), in a background process in the daemon (`background_runner`)."""
+
     def __init__(self, cost: Callable[[], CostModel], space: SearchSpace, slo: SLO, policy: str, base_knobs: Callable[[], Knobs],
-                 samples: Callable[[float], list[RequestRecord]], trials: int, keep: int, seed: int = 0) -> None:
+                 samples: Callable[[float], list[RequestRecord]], trials: int, keep: int, seed: int = 0,
+                 runner: Runner = search) -> None:
         self.cost, self.space, self.slo, self.policy = cost, space, slo, policy
         self.base_knobs, self.samples = base_knobs, samples
-        self.trials, self.keep, self.seed = trials, keep, seed
+        self.trials, self.keep, self.seed, self.runner = trials, keep, seed, runner
 
     def __call__(self, regime: Regime, observed: WindowSummary) -> list[dict[str, Any]]:
+        job = self.job(observed)
+        if job is None:
+            return []
+        log.info("tuner: warm start for %s: %d simulated trials on %d observed requests", regime.key, job.trials,
+                 len(job.lengths))
+        start = time.monotonic()
+        best = self.runner(job)
+        log.info("tuner: warm start done in %.1f s: %d configurations", time.monotonic() - start, len(best))
+        return best
+
+    def job(self, observed: WindowSummary) -> WarmStartJob | None:
+        """The search's inputs; None when there is too little to search on."""
         samples = self.samples(observed.seconds)
         if len(samples) < 5 or observed.arrival_rate_rps <= 0 or self.trials < 1:
-            return []
-        specs = observed_workload(samples, observed.arrival_rate_rps, self.seed)
-        cost = self.cost()      # the live daemon's is scaled to the speed of its own recent steps
-        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=self.seed))
-        study.optimize(lambda trial: self._objective(trial, specs, cost), n_trials=self.trials)
-        return self._best(study)
+            return None
+        knobs = {k: v for k, v in self.base_knobs().as_dict().items() if k != "version"}
+        return WarmStartJob(self.cost(),    # the live daemon's is scaled to the speed of its own recent steps
+                            self.space, self.slo, self.policy, knobs,
+                            [(r.num_prompt_tokens, r.num_output_tokens) for r in samples],
+                            observed.arrival_rate_rps, self.trials, self.keep, self.seed)
 
-    def _objective(self, trial: optuna.Trial, specs: list[RequestSpec], cost: CostModel) -> float:
-        params = self.space.suggest(trial)
-        knobs = self.base_knobs().replace(**{k: v for k, v in params.items() if k != "policy"})
-        summary = simulate(specs, cost, params.get("policy", self.policy), knobs, self.slo).summary
-        offered = summary.num_requests / summary.duration_s
-        result = score(summary.goodput_rps, offered, summary.ttft_p50_s, summary.tbt_p99_s, self.slo)
-        for name, value in result.constraints.items():
-            trial.set_constraint(name, value)
-        return result.value
 
-    def _best(self, study: optuna.Study) -> list[dict[str, Any]]:
-        """The best feasible configurations; when fewer than `keep` are feasible, the rest are those
-        that missed the SLO by least (as the controller's incumbent rule), so a regime where nothing
-        meets the SLO still starts next to the configuration that comes closest."""
-        done = [t for t in study.trials if t.value is not None]
-        excess = {t.number: slo_excess(t.constraints) for t in done}
-        feasible = sorted((t for t in done if excess[t.number] == 0), key=lambda t: t.value, reverse=True)
-        nearest = sorted((t for t in done if excess[t.number] > 0), key=lambda t: excess[t.number])
-        best, seen = [], set()
-        for t in feasible + nearest:
-            params = self.space.snap(t.params)
-            key = tuple(sorted(params.items()))
-            if key not in seen:
-                seen.add(key)
-                best.append(params)
-            if len(best) == self.keep:
-                break
-        return best
+def background_runner(runner: BackgroundRunner) -> Runner:
+    """`search` in `runner`'s child process; no configurations when it fails or times out."""
+    return lambda job: runner.run(search, job, fallback=[])

@@ -93,9 +93,10 @@ def test_pause_pin_resume(daemon):
 def test_report_and_metrics(daemon):
     server, tuner, state_dir = daemon
     wait_for(lambda: any(t.state.name == "COMPLETE" for t in tuner.controller.study.trials))
-    report = httpx.get(server.url + "/admin/tuning/report", params={"format": "json"})
+    # built in a lowest-priority process: slow beside this saturated engine
+    report = httpx.get(server.url + "/admin/tuning/report", params={"format": "json"}, timeout=120)
     assert report.status_code == 200 and report.json()["regimes"]
-    html = httpx.get(server.url + "/admin/tuning/report", params={"format": "html"}).text
+    html = httpx.get(server.url + "/admin/tuning/report", params={"format": "html"}, timeout=120).text
     assert "data:image/png;base64," in html
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
     assert "autotuned:tuner_decisions" in families and "autotuned:tuner_applied_knob" in families
