@@ -12,6 +12,7 @@ from fastapi import FastAPI, Response
 from engine.api_server import ApiConfig, ServerState
 from engine.engine_config import EngineConfig
 from engine.http_server import serve
+from engine.live_cost_model import LiveCostModel
 from engine.llm_engine import LLMEngine
 from telemetry.device_sampler import DeviceSampler
 from telemetry.hardware import DevicePeaks, probe_peaks
@@ -96,15 +97,16 @@ def run_daemon(config: DaemonConfig) -> None:
 
     def load() -> LLMEngine:
         engine = telemetry.attach(LLMEngine(config.engine))
-        # the deadline policy prices each step with it; the tuner keeps it scaled to the live speed
-        engine.scheduler.cost = find_cost_model(None, config.state_dir)
+        # the deadline policy prices each step with it, kept to the machine's live speed
+        cost = LiveCostModel(find_cost_model(None, config.state_dir)).attach(engine)
+        engine.scheduler.arrival_guard_s = config.api.slo_classes.arrival_guard_s()
         # What exists now (the tokenizer's vocabulary, checkpoint metadata, imported modules) lives as
         # long as the daemon: keep it out of every later full GC pass, which would otherwise walk it
         # in the middle of a step (a TBT spike), as vLLM and SGLang do after start-up.
         gc.collect()
         gc.freeze()
         if tuner:
-            tuner.start(engine, telemetry.window)
+            tuner.start(engine, telemetry.window, cost)
         return engine
 
     try:

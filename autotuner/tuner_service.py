@@ -1,15 +1,13 @@
 """The controller inside the daemon: its own thread beside the engine loop, operator controls for
-/admin/tuning, Prometheus gauges, and the cost model kept to the machine's speed from live steps."""
+/admin/tuning and Prometheus gauges."""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from collections import deque
 from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autotuner.background import BackgroundRunner
@@ -19,40 +17,14 @@ from autotuner.simulation import find_cost_model
 from autotuner.targets import EngineTarget
 from autotuner.tuner_state import TunerState
 from autotuner.warm_start import SimulatorWarmStart, background_runner, search, slo_token_budget
-from engine.cost_model import CostModel, StepShape
+from engine.live_cost_model import LiveCostModel
 from engine.llm_engine import LLMEngine
-from engine.outputs import StepRecord
 from telemetry.prometheus import P
 from telemetry.window import SLO, TelemetryWindow
 
 log = logging.getLogger(__name__)
-LIVE_STEPS = 2000           # live steps kept for the cost model's speed factor
-MIN_LIVE_STEPS = 200
-SPEED_FACTOR_RANGE = (0.5, 2.0)   # a live machine further off its calibration than this wants a recalibration
 SAMPLE_TIMEOUT_S = 60.0     # one TPE sample in the background (~1 s: a Python start and the sample)
 TUNING_CONFIG_ENV = "AUTOTUNED_SERVE_TUNING"   # another tuning.yaml for the daemon's tuner (benchmarks, ablations)
-
-
-class OnlineCostModel:
-    """The calibrated model scaled to the machine's speed now: by the median ratio of recent live
-    step times to its predictions. A full refit on live steps is not used: the steps of the last few
-    minutes all ran at the current budget, so a refit on them extrapolates to other budgets wildly
-    (measured on the real daemon: a refit from budget-32 steps made the warm start propose 1888)."""
-
-    def __init__(self, base: CostModel) -> None:
-        self.base = base
-        self._steps: deque[StepRecord] = deque(maxlen=LIVE_STEPS)
-
-    def on_step(self, record: StepRecord) -> None:
-        self._steps.append(record)
-
-    def current(self) -> CostModel:
-        steps = list(self._steps)
-        if len(steps) < MIN_LIVE_STEPS:
-            return self.base
-        ratios = [r.duration_s / self.base.predict(StepShape.of(r)) for r in steps]
-        low, high = SPEED_FACTOR_RANGE
-        return self.base.scaled(min(high, max(low, float(np.median(ratios)))))
 
 
 class TunerMetrics:
@@ -90,10 +62,11 @@ class TunerService:
         self.metrics = TunerMetrics(registry)
         self.stop_event = threading.Event()
         self.controller: Controller | None = None
-        self.cost: OnlineCostModel | None = None
+        self.cost: LiveCostModel | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self, engine: LLMEngine, telemetry: TelemetryWindow) -> None:
+    def start(self, engine: LLMEngine, telemetry: TelemetryWindow, cost: LiveCostModel | None = None) -> None:
+        """`cost`: the engine's live cost model (the daemon attaches one at load); else one is attached."""
         s = self.settings
         # The tuner's compute, TPE's samples and the warm start's simulations, in low-priority child
         # processes: never on the engine's CPU time (in this process only for comparisons: background false).
@@ -102,8 +75,7 @@ class TunerService:
             sampling = BackgroundRunner(s.background_cpu_share, SAMPLE_TIMEOUT_S, self.stop_event)
             simulating = BackgroundRunner(s.background_cpu_share, s.warm_start_timeout_s, self.stop_event)
         state = TunerState(self.state_dir, runner=sampling)
-        self.cost = OnlineCostModel(find_cost_model(None, self.state_dir))
-        engine.step_listeners.append(self.cost.on_step)
+        self.cost = cost or LiveCostModel(find_cost_model(None, self.state_dir)).attach(engine)
         target = EngineTarget(engine, telemetry, self.stop_event)
         warm = SimulatorWarmStart(self.cost.current, self.space, self.slo, s.policy, target.knobs,
                                   telemetry.recent_requests, s.warm_start_trials, s.warm_start_enqueue,

@@ -31,7 +31,9 @@ class ErrorBudget:
             if last is None:
                 continue                               # a first token: TTFT, not a gap
             tolerated += 1.0 - request.slo.tbt_percentile / 100.0
-            long += now - last > request.tbt_target_s
+            is_long = now - last > request.tbt_target_s
+            request.long_gaps += is_long
+            long += is_long
         self.add(now, tolerated, long)
 
     def add(self, now: float, tolerated: float, long: int) -> None:

@@ -4,6 +4,7 @@ finished, with preemption sending it back to waiting to be recomputed from scrat
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -54,6 +55,7 @@ class Request:
     max_tokens: int = field(init=False)
     ttft_deadline: float = field(init=False)     # arrival + the class's TTFT target
     tbt_target_s: float = field(init=False)
+    long_gaps: int = 0                           # token gaps over tbt_target_s so far (ErrorBudget counts them)
 
     def __post_init__(self) -> None:
         self.timings = RequestTimings(self.arrival_time)
@@ -79,6 +81,14 @@ class Request:
     def last_token_time(self) -> float | None:
         times = self.timings.token_times
         return times[-1] if times else None
+
+    @property
+    def spare_long_gaps(self) -> int:
+        """Gaps over its TBT target this request can still take with its own TBT percentile met, if
+        it runs to max_tokens: k long gaps of g leave the percentile's interpolation on short ones
+        while k <= (1 - percentile/100) x (g - 1). One that stops early had less room than this."""
+        gaps = self.max_tokens - 1
+        return math.floor((1.0 - self.slo.tbt_percentile / 100.0) * (gaps - 1) + 1e-9) - self.long_gaps
 
     @property
     def is_finished(self) -> bool:

@@ -7,6 +7,8 @@ policy changes are queued and take effect at the next step boundary.
 
 from __future__ import annotations
 
+import math
+
 import threading
 import time
 from collections import deque
@@ -89,6 +91,7 @@ class Scheduler:
         self._by_id: dict[str, Request] = {}   # every unfinished request, for applying plans by id
         self.cost: StepCost | None = None      # step-time model for policies that size steps by time
         self.error_budget = ErrorBudget()      # the engine and the simulator report each step's gaps
+        self.arrival_guard_s = math.inf        # SloClasses.arrival_guard_s() of the classes requests may name
 
     # -- changes from other threads, applied at the next step boundary --
     def set_knobs(self, knobs: Knobs) -> None:
@@ -150,7 +153,8 @@ class Scheduler:
         now = self.clock()
         tolerated, long = self.error_budget.state(now)
         view = SchedulerView(self.running, self.waiting, self.blocks.num_free_blocks, self.blocks.num_blocks,
-                             self.blocks.block_size, now, self.num_steps, self.cost, tolerated, long)
+                             self.blocks.block_size, now, self.num_steps, self.cost, tolerated, long,
+                             self.arrival_guard_s)
         self.num_steps += 1
         plan = self.policy.plan(view, self.knobs)
         self._check(plan)

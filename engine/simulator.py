@@ -48,6 +48,7 @@ class Simulator:
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, policy, knobs, clock=lambda: self.now)
         self.scheduler.cost = cost      # the deadline policy prices steps with the model that times them
+        self.scheduler.arrival_guard_s = self.slo_classes.arrival_guard_s()
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self.finish_listeners: list[Callable[[RequestRecord], None]] = []
         self.arrival_listeners: list[Callable[[Request], None]] = []
@@ -150,7 +151,10 @@ class Simulator:
             pairs += batch
             start, duration = self.now, self.cost.predict_counts(0, batch, batch, context, pairs, batch)
             self.now += duration
-            budget.add(self.now, tolerated, sum(duration > r.tbt_target_s for r in running))
+            long = [r for r in running if duration > r.tbt_target_s]
+            budget.add(self.now, tolerated, len(long))
+            for request in long:
+                request.long_gaps += 1
             for request in running:
                 request.num_computed_tokens += 1
                 request.output_token_ids.append(0)

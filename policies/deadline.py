@@ -3,15 +3,22 @@
 Each step: every running decode first (stall-free, as Sarathi-Serve); then prefill chunks in
 earliest-TTFT-deadline order, each as large as the step-time model predicts still fits
 `step_headroom x` the tightest running decode's TBT slack (its class's TBT target minus the time
-since its last token). A decode that just got a token can absorb a long step, a late one cannot;
-with no decode running, only the token budget caps the step. The token budget stays a hard cap.
+since its last token). A decode that just got a token can absorb a long step, a late one cannot.
+No step is planned longer than the arrival guard (half the tightest class's TTFT target), so a
+prompt of that class arriving during a step can wait it out and still make its TTFT: with no
+interactive decode running, steps grow toward that bound (throughput), never to a whole 2048-token
+step of a batch prompt. The token budget stays a hard cap.
 
 Two ways past the slack, both bounded:
 - `prefill_priority` x budget is a floor of prefill tokens per step while prompts wait, so decode
   overload cannot stop admission (0 = deadlines only);
-- a prompt whose TTFT the slack-sized pace would miss, and that one whole-prompt step can still
-  rescue, gets that step if the error budget (the long gaps the TBT percentile tolerates over the
-  recent horizon, times `error_budget`) covers every decode the longer step makes late.
+- a prompt whose TTFT the slack-sized pace would miss, and that steps of the largest chunk the
+  arrival guard allows (the whole prompt, or as much of a longer one as fits the guard and the
+  token cap) can still serve in time, gets such a step if the error budget (the long gaps the TBT
+  percentile tolerates over the recent horizon, times `error_budget`) covers every decode the
+  longer step makes late, and each of those decodes can take one more long gap with its own TBT
+  percentile met. The budget counts gaps, not their length, so few large rescue steps spend less
+  of it than many medium ones; a long prompt is rescued one step at a time, each paid when taken.
 
 Queue order is earliest deadline first (arrival + the class's TTFT target), so a request is passed
 only by requests whose deadline is earlier: a batch request (TTFT 30 s) by interactive ones
@@ -107,14 +114,14 @@ class DeadlinePolicy:
         if time:
             time.add_decodes(decodes)
         # each decode's own step-time target: headroom x its TBT slack; the step fits the smallest
-        targets = sorted(knobs.step_headroom * (d.tbt_target_s - (view.now - d.last_token_time)) for d in decodes
-                         if d.last_token_time is not None)
-        target = targets[0] if targets and time else UNBOUNDED
+        targets = sorted(((knobs.step_headroom * (d.tbt_target_s - (view.now - d.last_token_time)), d)
+                          for d in decodes if d.last_token_time is not None), key=lambda t: t[0])
+        target = min(targets[0][0] if targets else UNBOUNDED, view.arrival_guard_s) if time else UNBOUNDED
         self._prefills(step, view, knobs, time, target, targets)
         return step.plan
 
     def _prefills(self, step: StepBuilder, view: SchedulerView, knobs: Knobs, time: StepTime | None,
-                  target: float, targets: list[float]) -> None:
+                  target: float, targets: list[tuple[float, SequenceState]]) -> None:
         floor = round(knobs.prefill_priority * knobs.token_budget)
         spendable = math.floor(knobs.error_budget * view.tolerated_long_gaps) - view.long_gaps
         cap = knobs.long_prefill_token_threshold or knobs.token_budget
@@ -132,11 +139,12 @@ class DeadlinePolicy:
                 return
             n = time.largest_chunk(seq, room, target) if time else room
             n = max(n, min(room, floor - prefilled))
-            rescued = (time is not None and n < room == need and time.seconds() <= target
+            rescue = time.largest_chunk(seq, room, view.arrival_guard_s) if time else 0
+            rescued = (time is not None and n < rescue and time.seconds() <= target
                        and self._at_risk(time, seq, n, view.now)
-                       and view.now + time.with_chunk(seq, room) <= seq.ttft_deadline
-                       and self._late_decodes(time, seq, room, targets) <= spendable)
-            n = room if rescued else time.on_tile(seq, n) if time else n
+                       and not self._at_risk(time, seq, rescue, view.now)
+                       and self._affordable(self._late_decodes(time, seq, rescue, targets), spendable))
+            n = rescue if rescued else time.on_tile(seq, n) if time else n
             if n <= 0:
                 return
             if not (step.admit(seq, n, keep) if waiting else step.schedule(seq, n)):
@@ -157,8 +165,15 @@ class DeadlinePolicy:
         return now + steps * time.with_chunk(seq, n) > seq.ttft_deadline
 
     @staticmethod
-    def _late_decodes(time: StepTime, seq: SequenceState, n: int, targets: list[float]) -> int:
+    def _late_decodes(time: StepTime, seq: SequenceState, n: int,
+                      targets: list[tuple[float, SequenceState]]) -> list[SequenceState]:
         """Running decodes whose target the step with this chunk overruns and the step without it
         does not: the long gaps the error budget pays for."""
         with_chunk, without = time.with_chunk(seq, n), time.seconds()
-        return sum(1 for t in targets if without <= t < with_chunk)
+        return [d for t, d in targets if without <= t < with_chunk]
+
+    @staticmethod
+    def _affordable(late: list[SequenceState], spendable: int) -> bool:
+        """The window's budget covers them, and each can take one more long gap with its own TBT
+        percentile met (goodput judges every request by its own gaps)."""
+        return len(late) <= spendable and all(d.spare_long_gaps > 0 for d in late)

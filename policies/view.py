@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,6 +34,8 @@ class SequenceState(Protocol):
     def tbt_target_s(self) -> float: ...         # its SLO class's TBT target
     @property
     def last_token_time(self) -> float | None: ...
+    @property
+    def spare_long_gaps(self) -> int: ...        # long gaps its own TBT percentile can still absorb
 
 
 class StepCost(Protocol):
@@ -69,6 +73,7 @@ class SchedulerView:
     cost: StepCost | None = None        # the engine's step-time model, for policies that size steps by time
     tolerated_long_gaps: float = 0.0    # token gaps over their TBT target that the SLO percentile tolerates
     long_gaps: int = 0                  # ... and those that happened, over the same recent horizon
+    arrival_guard_s: float = math.inf   # the longest step an arrival of the tightest SLO class can wait out
 
     def blocks_needed(self, seq: SequenceState, num_new_tokens: int) -> int:
         """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens."""

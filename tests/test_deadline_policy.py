@@ -27,8 +27,10 @@ NOW = 100.0
 POLICY = DeadlinePolicy()
 
 
-def decode(i: int, since_last_token: float, prompt: int = 50, slo: SloClass = INTERACTIVE) -> Request:
-    r = Request(f"d{i}", [7] * prompt, SamplingParams(max_tokens=64), NOW - 10, slo=slo)
+def decode(i: int, since_last_token: float, prompt: int = 50, slo: SloClass = INTERACTIVE,
+           max_tokens: int = 512) -> Request:
+    """A running decode; at 512 tokens its own P99 gap tolerates 5 long gaps."""
+    r = Request(f"d{i}", [7] * prompt, SamplingParams(max_tokens=max_tokens), NOW - 10, slo=slo)
     r.output_token_ids = [9]
     r.num_computed_tokens = prompt
     r.block_table = list(range(-(-(prompt + 1) // 16)))
@@ -121,6 +123,39 @@ def test_error_budget_rescues_a_prompt_at_risk_and_is_never_overspent():
     assert prefill_tokens(paid) == 1200
     half = POLICY.plan(view(running, queue, tolerated=5.0, long=2), knobs.replace(error_budget=0.5))
     assert prefill_tokens(half) < 1200               # floor(0.5 x 5) - 2 = 0
+
+
+def test_a_rescue_never_costs_a_decode_its_own_tbt_percentile():
+    queue = [waiting(0, 1200, arrived_ago=0.7)]                     # as above: paid for by the window's budget
+    knobs = Knobs(token_budget=4096, error_budget=1.0)
+    short = [decode(0, 0.0), decode(1, 0.0, max_tokens=64)]         # 63 gaps: its P99 takes no long one
+    assert prefill_tokens(POLICY.plan(view(short, queue, tolerated=5.0), knobs)) < 1200
+    spent = [decode(0, 0.0), decode(1, 0.0)]
+    spent[1].long_gaps = 5                                          # 511 gaps tolerate 5, all taken
+    assert prefill_tokens(POLICY.plan(view(spent, queue, tolerated=5.0), knobs)) < 1200
+    assert prefill_tokens(POLICY.plan(view([decode(0, 0.0), decode(1, 0.0)], queue, tolerated=5.0), knobs)) == 1200
+
+
+def test_a_rescue_step_stays_within_the_arrival_guard():
+    queue = [waiting(0, 1200, arrived_ago=0.7)]
+    running = [decode(i, 0.0) for i in range(3)]
+    knobs = Knobs(token_budget=4096, error_budget=1.0)
+    guarded = view(running, queue, tolerated=5.0)
+    guarded = SchedulerView(**{**guarded.__dict__, "arrival_guard_s": 1.0})   # ~1.23 s would rescue it whole
+    plan = POLICY.plan(guarded, knobs)
+    assert prefill_tokens(plan) < 1200 and predicted(guarded, plan) <= 1.0
+
+
+def test_a_prompt_longer_than_the_cap_is_rescued_one_capped_step_at_a_time():
+    # a 6000-token batch prompt with 7 s to its deadline behind a decode 0.15 s into its gap: the
+    # slack-sized pace (~70 tokens in 0.09 s) needs ~8 s; 2048-token steps (~2.07 s) need ~6.2 s
+    queue = [waiting(0, 6000, arrived_ago=23.0, slo=BATCH)]
+    running = [decode(0, 0.15)]
+    knobs = Knobs(token_budget=2048, error_budget=1.0)
+    assert prefill_tokens(POLICY.plan(view(running, queue, tolerated=5.0, long=0), knobs)) == 2047  # the cap less the decode
+    assert prefill_tokens(POLICY.plan(view(running, queue, tolerated=5.0, long=5), knobs)) < 2048
+    hopeless = [waiting(0, 6000, arrived_ago=25.0, slo=BATCH)]      # 5 s left: even capped steps miss it
+    assert prefill_tokens(POLICY.plan(view(running, hopeless, tolerated=5.0), knobs)) < 2048
 
 
 def test_a_lost_cause_spends_nothing():

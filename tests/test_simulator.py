@@ -140,11 +140,11 @@ def test_an_unreadable_state_dir_calibration_falls_back_to_the_shipped_one(tmp_p
 def test_online_cost_model_follows_the_machine_speed_without_extrapolating():
     """Live steps all at one small budget running 1.5x slower than calibrated: the daemon's model
     becomes 1.5x slower at every size, including sizes the live steps never had."""
-    from autotuner.tuner_service import MIN_LIVE_STEPS, OnlineCostModel
+    from engine.live_cost_model import MIN_LIVE_STEPS, LiveCostModel
     from engine.outputs import StepRecord
 
     base = CostModel.load(SHIPPED_COST_MODEL)
-    online = OnlineCostModel(base)
+    online = LiveCostModel(base)
     assert online.current() is base                       # too few steps yet
     for i in range(MIN_LIVE_STEPS):
         shape = StepShape(32, 4, 5, 2000, 3000, 5)
@@ -152,3 +152,22 @@ def test_online_cost_model_follows_the_machine_speed_without_extrapolating():
                                   0.0, 0.0, 0.0, 0.0, "sarathi", 0))
     big = StepShape(1888, 0, 1, 1888, 1888 * 1889 // 2, 1)
     assert online.current().predict(big) == pytest.approx(1.5 * base.predict(big))
+
+
+def test_live_cost_model_keeps_the_schedulers_copy_to_the_live_speed():
+    """The engine's scheduler (the deadline policy's pricing) follows the live speed, with or without the tuner."""
+    from types import SimpleNamespace
+
+    from engine.live_cost_model import MIN_LIVE_STEPS, REFRESH_EVERY_STEPS, LiveCostModel
+    from engine.outputs import StepRecord
+
+    base = CostModel.load(SHIPPED_COST_MODEL)
+    engine = SimpleNamespace(scheduler=SimpleNamespace(cost=None), step_listeners=[])
+    LiveCostModel(base).attach(engine)
+    assert engine.scheduler.cost is base
+    shape = StepShape(32, 4, 5, 2000, 3000, 5)
+    for i in range(max(MIN_LIVE_STEPS, REFRESH_EVERY_STEPS) + 1):
+        for listener in engine.step_listeners:
+            listener(StepRecord(i, float(i), 0.5 * base.predict(shape), 32, 4, 1, 5, 0, 0, 0.1, 2000, 3000, 5,
+                                0.0, 0.0, 0.0, 0.0, "deadline", 0))
+    assert engine.scheduler.cost.predict(shape) == pytest.approx(0.5 * base.predict(shape))

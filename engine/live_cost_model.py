@@ -1,0 +1,54 @@
+"""The calibrated step-time model kept to the machine's speed now, for the engine's scheduler (the
+deadline policy prices every step with it) and the tuner (its warm start simulates with it).
+
+The calibration is scaled by the median ratio of recent live step times to its predictions. A full
+refit on live steps is not used: the steps of the last few minutes all ran at the current budget,
+so a refit on them extrapolates to other budgets wildly (measured on the real daemon: a refit from
+budget-32 steps made the warm start propose 1888)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from engine.cost_model import CostModel, StepShape
+from engine.llm_engine import LLMEngine
+from engine.outputs import StepRecord
+
+LIVE_STEPS = 2000            # live steps kept for the speed factor
+MIN_LIVE_STEPS = 200         # fewer than this: the calibration as it is
+REFRESH_EVERY_STEPS = 200    # how often the scheduler's copy is re-scaled (a median over LIVE_STEPS, ~ms)
+SPEED_FACTOR_RANGE = (0.5, 2.0)   # a live machine further off its calibration than this wants a recalibration
+
+
+class LiveCostModel:
+    def __init__(self, base: CostModel) -> None:
+        self.base = base
+        self._steps: deque[StepRecord] = deque(maxlen=LIVE_STEPS)
+        self._engine: LLMEngine | None = None
+
+    def attach(self, engine: LLMEngine) -> LiveCostModel:
+        """Price `engine`'s steps with this model from now on, re-scaled as live steps come in."""
+        self._engine = engine
+        engine.scheduler.cost = self.current()
+        engine.step_listeners.append(self.on_step)
+        return self
+
+    def on_step(self, record: StepRecord) -> None:
+        self._steps.append(record)
+        if self._engine is not None and record.step % REFRESH_EVERY_STEPS == 0:
+            self._engine.scheduler.cost = self.current()
+
+    def speed_factor(self) -> float:
+        """Live step time over predicted, median of recent steps, within SPEED_FACTOR_RANGE."""
+        steps = list(self._steps)
+        if len(steps) < MIN_LIVE_STEPS:
+            return 1.0
+        ratios = [r.duration_s / self.base.predict(StepShape.of(r)) for r in steps]
+        low, high = SPEED_FACTOR_RANGE
+        return min(high, max(low, float(np.median(ratios))))
+
+    def current(self) -> CostModel:
+        factor = self.speed_factor()
+        return self.base if factor == 1.0 else self.base.scaled(factor)
