@@ -37,6 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop when the passing and failing rates are this close, relatively (default 0.05)")
     cap.add_argument("--max-failed-fraction", type=float, default=0.0,
                      help="a probe with more failed or unfinished requests fails (default 0)")
+    cap.add_argument("--simulate", action="store_true",
+                     help="probe the simulator instead of a server (with --profile or --cost-model)")
+    cap.add_argument("--policy", default="sarathi", help="with --simulate: scheduling policy (default sarathi)")
+    cap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                     help="with --simulate: a knob value (repeatable)")
+    cli_tuning.add_cost_model_arguments(cap)
+    cap.add_argument("--state-dir", default=cli_tuning.DEFAULT_STATE_DIR,
+                     help="with --simulate: where a calibrated cost model is looked for (default state)")
     cli_tuning.add_parsers(sub)
     srv = sub.add_parser("serve", help="run the OpenAI-compatible daemon (the default command)")
     add_serve_arguments(srv)
@@ -132,10 +140,16 @@ def run_capacity_command(args: argparse.Namespace) -> None:
 
     check_search(args.start_qps, args.max_probes, args.tolerance)
     criteria = CapacityCriteria(args.slo_ttft_s, args.slo_tbt_s, args.max_failed_fraction)
-    workload, source, options, slo = bench_setup(args)
-    probe = live_probe(workload, source, options, slo, args.num_requests, args.seed)
+    if args.simulate:
+        probe, where = simulated_capacity_probe(args)
+    else:
+        if args.profile or args.cost_model:
+            raise ValueError("--profile and --cost-model price simulated steps: add --simulate")
+        workload, source, options, slo = bench_setup(args)
+        probe = live_probe(workload, source, options, slo, args.num_requests, args.seed)
+        where = {"workload": workload.name, "base_url": options.root}
     search = search_capacity(probe, criteria, args.start_qps, args.max_probes, args.tolerance)
-    result = {"workload": workload.name, "base_url": options.root, **search.as_dict()}
+    result = {**where, **search.as_dict()}
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
         with open(os.path.join(args.out_dir, "capacity.json"), "w") as f:
@@ -144,6 +158,27 @@ def run_capacity_command(args: argparse.Namespace) -> None:
     for p in search.probes:
         for line in class_lines(p.summary):
             print(f"qps {p.qps:.3g} {line}", file=sys.stderr)
+
+
+def simulated_capacity_probe(args: argparse.Namespace):
+    """The capacity search's probe on the simulator: --num-requests of the workload at each rate."""
+    from autotuner.simulation import resolve_cost_model, simulated_probe
+    from autotuner.workload import load_workload
+    from policies import Knobs, get_policy
+    from telemetry.window import SLO
+
+    if args.num_requests < 1 or not (args.slo_ttft_s > 0 and args.slo_tbt_s > 0):
+        raise ValueError("--num-requests must be >= 1 and the SLO bounds > 0")
+    get_policy(args.policy)
+    knobs = Knobs().replace(**cli_tuning.parse_knobs(args.knob))
+    cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
+    slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
+    workload = load_workload(args.workload)
+    probe = simulated_probe(workload, cost, args.policy, knobs, slo, args.num_requests, args.seed)
+    where = {"workload": workload.name, "simulated": True, "cost_model": cli_tuning.cost_model_label(cost, args.profile),
+             "policy": args.policy,
+             "knobs": {k: v for k, v in knobs.as_dict().items() if k != "version"}}
+    return probe, where
 
 
 def run_policies() -> None:

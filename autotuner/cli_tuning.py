@@ -26,13 +26,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--requests", type=int, default=1000, help="requests (default 1000)")
     sim.add_argument("--policy", default="sarathi", help="scheduling policy (see `autotuned-serve policies`)")
     sim.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="a knob value (repeatable)")
-    sim.add_argument("--cost-model", default=None, help="cost model file (default: the state dir's, else shipped)")
+    add_cost_model_arguments(sim)
     sim.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--slo-ttft-s", type=float, default=2.0)
     sim.add_argument("--slo-tbt-s", type=float, default=0.25)
     add_report_parser(sub)
     add_tune_parsers(sub)
+    prof = sub.add_parser("profiles", help="list the hardware profiles (GPU + model step-time models) the "
+                          "simulator can use, with the result of their checks against published figures")
+    prof.add_argument("--checks", action="store_true", help="also print every check: predicted vs published")
+
+
+def add_cost_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--cost-model FILE or --profile NAME: how the simulator prices steps."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--cost-model", default=None, help="cost model file (default: the state dir's, else shipped)")
+    group.add_argument("--profile", default=None, metavar="NAME",
+                       help="a hardware profile instead of a calibration (see `autotuned-serve profiles`)")
 
 
 def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +55,7 @@ def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
                       "(default shift: chat -> summarization -> chat)")
     tune.add_argument("--duration", type=float, default=3600.0, help="simulated seconds of arrivals (default 3600)")
     tune.add_argument("--qps", type=float, default=None, help="base request rate (default: the workload's)")
-    tune.add_argument("--cost-model", default=None, help="cost model file (default: the state dir's, else shipped)")
+    add_cost_model_arguments(tune)
     tune.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where the tuner keeps its studies (default state)")
     tune.add_argument("--seed", type=int, default=0)
     tune.add_argument("--slo-ttft-s", type=float, default=2.0)
@@ -90,7 +101,7 @@ def run_calibrate(args: argparse.Namespace) -> None:
 def run_simulate(args: argparse.Namespace) -> None:
     import time
 
-    from autotuner.simulation import find_cost_model, simulate
+    from autotuner.simulation import resolve_cost_model, simulate
     from autotuner.workload import generate, load_workload
     from policies import Knobs, get_policy
     from telemetry.window import SLO
@@ -99,11 +110,12 @@ def run_simulate(args: argparse.Namespace) -> None:
         raise ValueError("--requests must be >= 1 and --qps > 0")
     get_policy(args.policy)
     knobs = Knobs().replace(**parse_knobs(args.knob))
+    cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
     specs = generate(load_workload(args.workload), qps=args.qps, num_requests=args.requests, seed=args.seed)
-    cost = find_cost_model(args.cost_model, args.state_dir)
     start = time.perf_counter()
     run = simulate(specs, cost, args.policy, knobs, SLO(args.slo_ttft_s, args.slo_tbt_s))
     result = {"workload": args.workload, "qps": args.qps, "policy": args.policy,
+              "cost_model": cost_model_label(cost, args.profile),
               "knobs": {k: v for k, v in knobs.as_dict().items() if k != "version"}, **run.summary.as_dict(),
               "num_steps": run.num_steps, "num_rejected": run.num_rejected,
               "wall_s": round(time.perf_counter() - start, 3)}
@@ -115,20 +127,45 @@ def run_tune(args: argparse.Namespace) -> None:
 
     from autotuner.controller import ControllerSettings
     from autotuner.sim_tuning import compare
-    from autotuner.simulation import find_cost_model
+    from autotuner.simulation import resolve_cost_model
     from autotuner.workload import generate, load_workload
     from telemetry.window import SLO
 
     if not args.duration > 0 or (args.qps is not None and not args.qps > 0):
         raise ValueError("--duration and --qps must be > 0")
+    cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
     specs = generate(load_workload(args.workload), qps=args.qps, duration_s=args.duration, seed=args.seed)
     if not specs:
         raise ValueError("the workload produced no requests; raise --duration or --qps")
     start = time.perf_counter()
-    result = compare(specs, find_cost_model(args.cost_model, args.state_dir), args.state_dir,
-                     SLO(args.slo_ttft_s, args.slo_tbt_s), ControllerSettings.load(), args.seed)
-    print(json.dumps({"workload": args.workload, **result, "wall_s": round(time.perf_counter() - start, 1)},
-                     indent=2, default=str))
+    result = compare(specs, cost, args.state_dir, SLO(args.slo_ttft_s, args.slo_tbt_s), ControllerSettings.load(),
+                     args.seed)
+    print(json.dumps({"workload": args.workload, "cost_model": cost_model_label(cost, args.profile), **result,
+                      "wall_s": round(time.perf_counter() - start, 1)}, indent=2, default=str))
+
+
+def cost_model_label(cost, profile: str | None) -> str:
+    """What priced the simulated steps, for the JSON summaries."""
+    return f"profile {profile}" if profile else f"{cost.model} {cost.dtype} {cost.device}"
+
+
+def run_profiles(args: argparse.Namespace) -> None:
+    """One line per profile: name, hardware, model, checks; with --checks every check under it."""
+    from engine.hardware_profile import load_profile, profile_names
+    from engine.profile_checks import run_checks
+
+    for name in profile_names():
+        profile = load_profile(name)
+        results = run_checks(profile)
+        passed = sum(r.ok for r in results)
+        verdict = "ok" if passed == len(results) else "FAILED"
+        hardware = f"{profile.hardware.name} x{profile.tp}"
+        model = f"{profile.model.name} {profile.model.dtype} TP{profile.tp}"
+        print(f"{name:<24} {hardware:<18} {model:<26} kv {profile.kv_blocks() * profile.block_size:>9,} tokens  "
+              f"checks {verdict} {passed}/{len(results)}")
+        if args.checks:
+            for result in results:
+                print(f"    {result.line()}")
 
 
 def run_tuner_control(args: argparse.Namespace) -> None:
@@ -180,7 +217,7 @@ def run_report(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"calibrate": run_calibrate, "simulate": run_simulate, "tune": run_tune, "tuner": run_tuner_control,
-            "report": run_report}
+            "report": run_report, "profiles": run_profiles}
 
 
 def run(args: argparse.Namespace) -> bool:

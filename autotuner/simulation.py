@@ -1,4 +1,5 @@
-"""Running a workload through the simulator: the cost model to use and a one-call what-if run."""
+"""Running a workload through the simulator: the cost model to use (a calibration of this machine
+or a hardware profile of a GPU) and a one-call what-if run."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotuner.workload import RequestSpec
+from autotuner.workload import RequestSpec, Workload, generate
 from engine.cost_model import CostModel
+from engine.profile_cost_model import ProfileCostModel, StepTimeModel
 from engine.outputs import RequestRecord
 from engine.simulator import Simulator
 from engine.slo_class import shipped_slo_classes
@@ -39,6 +41,16 @@ def find_cost_model(path: str | None = None, state_dir: str | None = None) -> Co
     return CostModel.load(SHIPPED_COST_MODEL)
 
 
+def resolve_cost_model(path: str | None = None, profile: str | None = None,
+                       state_dir: str | None = None) -> StepTimeModel:
+    """A hardware profile by name (configs/hardware_profiles/), else `find_cost_model`'s calibration."""
+    if profile and path:
+        raise ValueError("give a cost model file or a hardware profile, not both")
+    if profile:
+        return ProfileCostModel.named(profile)
+    return find_cost_model(path, state_dir)
+
+
 @dataclass
 class SimulatedRun:
     records: list[RequestRecord]
@@ -47,7 +59,7 @@ class SimulatedRun:
     num_rejected: int
 
 
-def make_simulator(cost: CostModel, policy: str, knobs: Knobs, slo: SLO | None = None) -> Simulator:
+def make_simulator(cost: StepTimeModel, policy: str, knobs: Knobs, slo: SLO | None = None) -> Simulator:
     """Requests of the default SLO class get `slo`'s targets (the run's --slo flags)."""
     classes = shipped_slo_classes()
     if slo is not None:
@@ -55,7 +67,7 @@ def make_simulator(cost: CostModel, policy: str, knobs: Knobs, slo: SLO | None =
     return Simulator(cost, cost.kv_blocks, cost.block_size, policy, knobs, slo_classes=classes)
 
 
-def simulate(specs: list[RequestSpec], cost: CostModel, policy: str = "sarathi", knobs: Knobs | None = None,
+def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = "sarathi", knobs: Knobs | None = None,
              slo: SLO | None = None) -> SimulatedRun:
     """Every request through to its end; rates are over first arrival to last finish."""
     sim = make_simulator(cost, policy, knobs or Knobs(), slo)
@@ -68,3 +80,13 @@ def simulate(specs: list[RequestSpec], cost: CostModel, policy: str = "sarathi",
                 for i in range(sim.num_rejected)]
     return SimulatedRun(records, summarize_requests(records + rejected, slo or SLO(), duration),
                         sim.num_steps, sim.num_rejected)
+
+
+def simulated_probe(workload: Workload, cost: StepTimeModel, policy: str, knobs: Knobs, slo: SLO,
+                    num_requests: int, seed: int = 0):
+    """A capacity probe (autotuner.capacity): `num_requests` of the workload, seeded, at the probed
+    rate through the simulator."""
+    def probe(qps: float) -> LatencySummary:
+        specs = generate(workload, qps=qps, num_requests=num_requests, seed=seed)
+        return simulate(specs, cost, policy, knobs, slo).summary
+    return probe
