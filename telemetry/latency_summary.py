@@ -60,7 +60,8 @@ def summarize_requests(records: list[RequestRecord], slo: SLO, duration_s: float
     tbt = [g for r in done for g in r.tbt_s]
     tpot = [t for t in map(_tpot, done) if t is not None]
     e2e = [r.e2e_s for r in done]
-    met = sum(slo.met_by(r) for r in records)
+    met_each = [slo.met_by(r) for r in records]
+    met = sum(met_each)
     return LatencySummary(
         num_requests=len(records), num_finished=len(done), num_failed=len(records) - len(done),
         duration_s=duration_s,
@@ -72,17 +73,18 @@ def summarize_requests(records: list[RequestRecord], slo: SLO, duration_s: float
         output_tokens_per_s=sum(r.num_output_tokens for r in done) / duration_s,
         prompt_tokens_per_s=sum(r.num_prompt_tokens for r in done) / duration_s,
         goodput_rps=met / duration_s, slo_attainment=met / len(records) if records else None,
-        slo_ttft_s=slo.ttft_s, slo_tbt_s=slo.tbt_s, by_class=_by_class(records, slo, duration_s))
+        slo_ttft_s=slo.ttft_s, slo_tbt_s=slo.tbt_s, by_class=_by_class(records, met_each, duration_s))
 
 
-def _by_class(records: list[RequestRecord], slo: SLO, duration_s: float) -> dict[str, dict[str, Any]]:
-    groups: dict[str, list[RequestRecord]] = {}
-    for r in records:
-        groups.setdefault(r.slo_class, []).append(r)
+def _by_class(records: list[RequestRecord], met_each: list[bool], duration_s: float) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[tuple[RequestRecord, bool]]] = {}
+    for r, met in zip(records, met_each):
+        groups.setdefault(r.slo_class, []).append((r, met))
     out = {}
-    for name, rs in sorted(groups.items()):
+    for name, pairs in sorted(groups.items()):
+        rs = [r for r, _ in pairs]
         done = [r for r in rs if r.finish_reason in FINISHED]
-        met = sum(slo.met_by(r) for r in rs)
+        met = sum(m for _, m in pairs)
         out[name] = {"num_requests": len(rs), "goodput_rps": met / duration_s, "slo_attainment": met / len(rs),
                      "ttft_p50_s": _pct([r.ttft_s for r in done if r.ttft_s is not None], 50),
                      "tbt_p99_s": _pct([g for r in done for g in r.tbt_s], 99)}

@@ -31,7 +31,18 @@ class SLO:
         if r.finish_reason not in ("stop", "length") or r.ttft_s is None or r.ttft_s > ttft_s:
             return False
         gaps = r.tbt_s
-        return not gaps or float(np.percentile(gaps, self.tbt_percentile)) <= tbt_s
+        return not gaps or percentile(gaps, self.tbt_percentile) <= tbt_s
+
+
+def percentile(values: list[float], q: float) -> float:
+    """numpy.percentile's default (linear interpolation) of a non-empty list, in plain Python: a
+    summary judges every request's own gaps, and numpy's per-call overhead (~50 us) made that the
+    larger part of summarizing a 10,000-request simulation."""
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100.0
+    low = int(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
 
 
 @dataclass(frozen=True)

@@ -157,3 +157,15 @@ def test_read_profile_reads_a_file(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text((PROFILES_DIR / "a100-mistral-7b.yaml").read_text())
     assert read_profile(path).name == "a100-mistral-7b"
+
+
+def test_plain_python_percentile_matches_numpy():
+    import numpy as np
+
+    from telemetry.window import percentile
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 10, 117):
+        values = list(rng.random(n))
+        for q in (0, 50, 90, 99, 100):
+            assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), abs=1e-12)
