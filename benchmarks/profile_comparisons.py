@@ -1,0 +1,64 @@
+"""Published step times that are not checks of a hardware profile, next to its predictions: what a
+profile does not claim to reproduce, and by how much it differs (docs/hardware_profiles.md).
+
+- Splitwise's H100 Llama-2-70B rows (github.com/Mutinifni/splitwise-sim data/perf_model.csv, labelled
+  TP2): absolute decode and prompt times, against h100-llama3.1-70b-tp4's calibration at TP2. The
+  profiles check only their ratios.
+- Niyama's fitted step-time model of the sarathi-serve engine on A100 + Llama-3-8B (facts sheet),
+  against a100-mistral-7b (Mistral-7B has Llama-3-8B's layers; its LM head is 0.5 ms cheaper).
+
+    python benchmarks/profile_comparisons.py
+"""
+
+from __future__ import annotations
+
+from engine.hardware_profile import Measure
+from engine.profile_checks import measure_ms
+from engine.profile_cost_model import ProfileCostModel
+
+# (measure, published ms): decode token time averages 128 tokens after a 512-token prompt
+SPLITWISE_H100_TP2 = (
+    (Measure("decode", batch=1, context=576, tp=2), 37.0),
+    (Measure("decode", batch=16, context=576, tp=2), 42.0),
+    (Measure("decode", batch=32, context=576, tp=2), 52.3),
+    (Measure("prefill", tokens=512, tp=2), 84.0),
+    (Measure("prefill", tokens=2048, tp=2), 310.0),
+    (Measure("prefill", tokens=8192, tp=2), 1340.0),
+)
+# Niyama (sarathi-serve branch niyama_asplos2026), seconds: b0, c_tot, c_p, c_d, c_dctx, c_pctx
+NIYAMA = {"small": (0.014936, 5.882e-5, 2.248e-5, 3.635e-5, 1.111e-7, 7.555e-7),      # steps <= 512 tokens
+          "large": (0.005004, 2.719e-5, 6.863e-5, -4.144e-5, 1.663e-7, 2.727e-6)}    # steps > 512 tokens
+NIYAMA_SHAPES = ((0, 1, 100), (0, 32, 1024), (0, 64, 1024), (0, 128, 2000), (256, 32, 1024), (512, 0, 0),
+                 (1024, 0, 0), (2048, 0, 0))       # (prefill tokens, decodes, context per decode)
+
+
+def niyama_ms(prefill: int, decodes: int, decode_context: int) -> float:
+    b0, c_tot, c_p, c_d, c_dctx, _ = NIYAMA["small" if prefill + decodes <= 512 else "large"]
+    return 1e3 * (b0 + c_tot * (prefill + decodes) + c_p * prefill + c_d * decodes + c_dctx * decodes * decode_context)
+
+
+def ours_ms(model: ProfileCostModel, prefill: int, decodes: int, decode_context: int) -> float:
+    attended = decodes * (decode_context + 1)
+    chunk_pairs = prefill * (prefill + 1) // 2
+    sampled = decodes + (1 if prefill else 0)
+    seqs = decodes + (1 if prefill else 0)
+    return 1e3 * model.predict_counts(prefill, decodes, sampled, attended + prefill, attended + chunk_pairs, seqs)
+
+
+def main() -> None:
+    tp4 = ProfileCostModel.named("h100-llama3.1-70b-tp4")
+    print("Splitwise H100 Llama-2-70B (TP2) vs h100-llama3.1-70b-tp4 at TP2")
+    for measure, published in SPLITWISE_H100_TP2:
+        what = f"decode batch {measure.batch}" if measure.kind == "decode" else f"prompt {measure.tokens} tokens"
+        ours = measure_ms(tp4, measure)
+        print(f"  {what:<22} published {published:7.1f} ms  ours {ours:7.1f} ms  published/ours {published / ours:.2f}")
+    a100 = ProfileCostModel.named("a100-mistral-7b")
+    print("Niyama's fitted sarathi-serve A100 + Llama-3-8B steps vs a100-mistral-7b")
+    for prefill, decodes, context in NIYAMA_SHAPES:
+        fitted, ours = niyama_ms(prefill, decodes, context), ours_ms(a100, prefill, decodes, context)
+        print(f"  prefill {prefill:>4} + {decodes:>3} decodes x {context:>4} context  Niyama {fitted:6.1f} ms  "
+              f"ours {ours:6.1f} ms  Niyama/ours {fitted / ours:.2f}")
+
+
+if __name__ == "__main__":
+    main()
