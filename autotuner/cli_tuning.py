@@ -158,11 +158,12 @@ def run_profiles(args: argparse.Namespace) -> None:
         profile = load_profile(name)
         results = run_checks(profile)
         passed = sum(r.ok for r in results)
+        held_out = sum(r.check.role == "held-out" for r in results)
         verdict = "ok" if passed == len(results) else "FAILED"
         hardware = f"{profile.hardware.name} x{profile.tp}"
         model = f"{profile.model.name} {profile.model.dtype} TP{profile.tp}"
         print(f"{name:<24} {hardware:<18} {model:<26} kv {profile.kv_blocks() * profile.block_size:>9,} tokens  "
-              f"checks {verdict} {passed}/{len(results)}")
+              f"checks {verdict} {passed}/{len(results)} ({held_out} held-out)")
         if args.checks:
             for result in results:
                 print(f"    {result.line()}")
