@@ -56,39 +56,54 @@ def summarize_requests(records: list[RequestRecord], slo: SLO, duration_s: float
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
     done = [r for r in records if r.finish_reason in FINISHED]
-    ttft = [r.ttft_s for r in done if r.ttft_s is not None]
-    tbt = [g for r in done for g in r.tbt_s]
+    ttft = np.array([r.ttft_s for r in done if r.ttft_s is not None], dtype=float)
+    tbt = _gaps(done)             # pooled over requests: millions of gaps after a long simulation
     tpot = [t for t in map(_tpot, done) if t is not None]
     e2e = [r.e2e_s for r in done]
     met_each = [slo.met_by(r) for r in records]
     met = sum(met_each)
+    ttft_p50, ttft_p90, ttft_p99 = _pcts(ttft, (50, 90, 99))
+    tbt_p50, tbt_p90, tbt_p99 = _pcts(tbt, (50, 90, 99))
+    e2e_p50, e2e_p90, e2e_p99 = _pcts(e2e, (50, 90, 99))
+    by_class = _by_class(records, met_each, duration_s, (ttft_p50, tbt_p99))
     return LatencySummary(
         num_requests=len(records), num_finished=len(done), num_failed=len(records) - len(done),
         duration_s=duration_s,
-        ttft_mean_s=_mean(ttft), ttft_p50_s=_pct(ttft, 50), ttft_p90_s=_pct(ttft, 90), ttft_p99_s=_pct(ttft, 99),
-        tbt_mean_s=_mean(tbt), tbt_p50_s=_pct(tbt, 50), tbt_p90_s=_pct(tbt, 90), tbt_p99_s=_pct(tbt, 99),
+        ttft_mean_s=_mean(ttft), ttft_p50_s=ttft_p50, ttft_p90_s=ttft_p90, ttft_p99_s=ttft_p99,
+        tbt_mean_s=_mean(tbt), tbt_p50_s=tbt_p50, tbt_p90_s=tbt_p90, tbt_p99_s=tbt_p99,
         tpot_p50_s=_pct(tpot, 50), tpot_p99_s=_pct(tpot, 99),
-        e2e_p50_s=_pct(e2e, 50), e2e_p90_s=_pct(e2e, 90), e2e_p99_s=_pct(e2e, 99),
+        e2e_p50_s=e2e_p50, e2e_p90_s=e2e_p90, e2e_p99_s=e2e_p99,
         request_throughput_rps=len(done) / duration_s,
         output_tokens_per_s=sum(r.num_output_tokens for r in done) / duration_s,
         prompt_tokens_per_s=sum(r.num_prompt_tokens for r in done) / duration_s,
         goodput_rps=met / duration_s, slo_attainment=met / len(records) if records else None,
-        slo_ttft_s=slo.ttft_s, slo_tbt_s=slo.tbt_s, by_class=_by_class(records, met_each, duration_s))
+        slo_ttft_s=slo.ttft_s, slo_tbt_s=slo.tbt_s, by_class=by_class)
 
 
-def _by_class(records: list[RequestRecord], met_each: list[bool], duration_s: float) -> dict[str, dict[str, Any]]:
+def _by_class(records: list[RequestRecord], met_each: list[bool], duration_s: float,
+              pooled: tuple[float | None, float | None]) -> dict[str, dict[str, Any]]:
+    """`pooled`: the whole run's (TTFT p50, TBT p99), which a run of a single class reuses."""
     groups: dict[str, list[tuple[RequestRecord, bool]]] = {}
     for r, met in zip(records, met_each):
         groups.setdefault(r.slo_class, []).append((r, met))
     out = {}
     for name, pairs in sorted(groups.items()):
         rs = [r for r, _ in pairs]
-        done = [r for r in rs if r.finish_reason in FINISHED]
         met = sum(m for _, m in pairs)
+        if len(groups) == 1:
+            ttft_p50, tbt_p99 = pooled
+        else:
+            done = [r for r in rs if r.finish_reason in FINISHED]
+            ttft_p50 = _pct([r.ttft_s for r in done if r.ttft_s is not None], 50)
+            tbt_p99 = _pct(_gaps(done), 99)
         out[name] = {"num_requests": len(rs), "goodput_rps": met / duration_s, "slo_attainment": met / len(rs),
-                     "ttft_p50_s": _pct([r.ttft_s for r in done if r.ttft_s is not None], 50),
-                     "tbt_p99_s": _pct([g for r in done for g in r.tbt_s], 99)}
+                     "ttft_p50_s": ttft_p50, "tbt_p99_s": tbt_p99}
     return out
+
+
+def _gaps(done: list[RequestRecord]) -> np.ndarray:
+    """Every request's gaps between consecutive tokens (RequestRecord.tbt_s), pooled in one array."""
+    return np.concatenate([np.diff(r.token_times) for r in done]) if done else np.empty(0)
 
 
 def class_lines(summary: Mapping[str, Any]) -> list[str]:
@@ -109,9 +124,14 @@ def _tpot(r: RequestRecord) -> float | None:
     return (r.token_times[-1] - r.token_times[0]) / (r.num_output_tokens - 1)
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
+def _pct(values, q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
 
 
-def _mean(values: list[float]) -> float | None:
-    return float(np.mean(values)) if values else None
+def _pcts(values, qs: tuple[float, ...]) -> list[float | None]:
+    """Several percentiles of one list or array, with one conversion and one partition."""
+    return [float(v) for v in np.percentile(values, qs)] if len(values) else [None] * len(qs)
+
+
+def _mean(values) -> float | None:
+    return float(np.mean(values)) if len(values) else None
