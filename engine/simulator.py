@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from engine.block_manager import BlockManager
-from engine.cost_model import CostModel, StepShape
+from engine.cost_model import CostModel
 from engine.llm_engine import request_record, step_record, token_gaps
 from engine.model_runner import StepTiming
 from engine.outputs import RequestRecord, StepRecord
@@ -105,21 +105,25 @@ class Simulator:
         if not result.scheduled:
             self.now += IDLE_TICK_S
             return
-        duration = self.cost.predict(StepShape.of_schedule(result))
+        decodes = result.num_decode_tokens      # StepShape.of_schedule(result), without the object
+        duration = self.cost.predict_counts(result.num_tokens - decodes, decodes, result.num_sampled,
+                                            result.context_tokens, result.attended_pairs, len(result.scheduled))
         self.now += duration
         self.scheduler.commit(result)
-        sampling = [s.request for s in result.scheduled if s.samples]
+        # ScheduledRequest.samples inlined: this runs for every request, every step
+        sampling = [r for r, n, c in result.scheduled if c + n == r.num_tokens]
         self.scheduler.error_budget.observe(sampling, self.now)
         gaps = token_gaps(sampling, self.now) if self.step_listeners else ()
-        for request in sampling:
-            self._emit_token(request)
-        record = step_record(self.num_steps, result, self.scheduler, len(sampling), start, duration, 0.0,
-                             StepTiming(0.0, duration, 0.0), gaps)
+        self._emit_tokens(sampling)
+        record = None
+        if self.step_listeners:           # a record only for someone who reads it
+            record = step_record(self.num_steps, result, self.scheduler, len(sampling), start, duration, 0.0,
+                                 StepTiming(0.0, duration, 0.0), gaps)
         self.num_steps += 1
         for listener in self.step_listeners:
             listener(record)
         if self.coast and self._steady(result):
-            self._coast(record, t_end)
+            self._coast(result, record, t_end)
 
     def _steady(self, result: ScheduleResult) -> bool:
         """Every running request just decoded and nothing waits: until an arrival, a finish, a knob
@@ -128,13 +132,13 @@ class Simulator:
         return (not s.waiting and not result.num_preempted and not s.has_pending_change
                 and len(result.scheduled) == len(s.running) and result.num_decode_tokens == len(s.running))
 
-    def _coast(self, record: StepRecord, t_end: float) -> None:
+    def _coast(self, result: ScheduleResult, record: StepRecord | None, t_end: float) -> None:
         running = self.scheduler.running
         steps_left = min(r.params.max_tokens - r.num_output_tokens for r in running) - 1  # a finish runs a real step
         next_arrival = self._pending[0].arrival_s if self._pending else float("inf")
         batch = len(running)
-        context, pairs = record.context_tokens, record.attended_pairs
-        fields = vars(record)
+        context, pairs = result.context_tokens, result.attended_pairs
+        fields = vars(record) if record is not None else {}
         stop_at = min(next_arrival, t_end)
         budget = self.scheduler.error_budget
         tolerated = sum(1.0 - r.slo.tbt_percentile / 100.0 for r in running)
@@ -180,13 +184,16 @@ class Simulator:
             self.blocks.grow(request.block_table, request.num_computed_tokens + 1)
         return min(len(r.block_table) * capacity - r.num_computed_tokens for r in running)
 
-    def _emit_token(self, request: Request) -> None:
-        request.output_token_ids.append(0)
-        timings = request.timings
-        timings.first_token = timings.first_token or self.now
-        timings.token_times.append(self.now)
-        if request.num_output_tokens >= request.params.max_tokens:
-            self.scheduler.finish(request, FinishReason.LENGTH)
-            record = request_record(request)
-            for listener in self.finish_listeners:
-                listener(record)
+    def _emit_tokens(self, sampling: list[Request]) -> None:
+        now = self.now
+        for request in sampling:
+            outputs = request.output_token_ids
+            outputs.append(0)
+            timings = request.timings
+            timings.first_token = timings.first_token or now
+            timings.token_times.append(now)
+            if len(outputs) >= request.max_tokens:
+                self.scheduler.finish(request, FinishReason.LENGTH)
+                record = request_record(request)
+                for listener in self.finish_listeners:
+                    listener(record)
