@@ -72,8 +72,10 @@ def main() -> None:
                                                     layer_overhead_us=layer_us))
         compute, knee = compute_and_knee(profile, at_2048, tokens, at_tokens)
         hw = load_profile(name).hardware
+        plain_max = linear_ms(profile, tokens, compute_fraction=compute, roofline_knee=50.0)
         print(f"{name}: compute_fraction {compute:.3f} (ships {hw.compute_fraction}), "
-              f"roofline_knee {knee:.2f} (ships {hw.roofline_knee})")
+              f"roofline_knee {knee:.2f} (ships {hw.roofline_knee}); a plain max() roofline would predict "
+              f"{plain_max:.1f} ms at {tokens} tokens against the published {at_tokens} ms")
     a100 = load_profile("a100-mistral-7b")
     as_llama3 = replace(a100, model=replace(a100.model, vocab=LLAMA3_8B.vocab))     # Niyama fitted Llama-3-8B
     terms = StepTerms.of(as_llama3, 1)
