@@ -4,7 +4,7 @@ tile_tokens, model/dtype/device), so the simulator, the warm start and the deadl
 steps on a GPU we cannot run exactly as they do with a calibration of this machine.
 
     t = step overhead + sequences x sequence overhead
-        + linear layers: (W/B)^p + (F(rows)/C)^p)^(1/p) + layers x layer overhead
+        + linear layers: ((W/B)^p + (F(rows)/C)^p)^(1/p) + layers x layer overhead
             W weight bytes per GPU, B achieved bandwidth; F FLOPs of the step's rows (tokens rounded
             up to the GEMM tile past the first tile, so 136 tokens cost like 256), C achieved compute;
             p the roofline knee (large p: the plain max, small p: memory and math overlap poorly)
