@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from engine.cost_model import CostModel, StepShape, fit_cost_model
 from engine.llm_engine import LLMEngine
+from engine.machine import machine_fingerprint
 from engine.outputs import StepRecord
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -35,6 +37,7 @@ CHUNK_CONTEXTS = (0, 256, 1024, 3072)
 MAX_OTHER_LOAD = 0.10     # other processes' CPU share above which a point is measured again
 MAX_RETAKES = 3
 RETAKE_PAUSE_S = 2.0
+MIN_POINTS = 24           # a time-limited calibration measures at least this many (7 features, a holdout)
 
 
 @dataclass(frozen=True)
@@ -83,26 +86,31 @@ def build_step(engine: LLMEngine, point: GridPoint) -> list[ScheduledRequest]:
     return scheduled
 
 
-def measure(engine: LLMEngine, point: GridPoint, repeats: int) -> tuple[StepShape, float]:
+def measure(engine: LLMEngine, point: GridPoint, repeats: int, retakes: int | None = None) -> tuple[StepShape, float]:
     """Median wall time of executing the point's step `repeats` times after one untimed run; taken
-    again (up to MAX_RETAKES times) while other processes used more than MAX_OTHER_LOAD of the CPU."""
+    again (up to `retakes`, default MAX_RETAKES, times) while other processes used more than
+    MAX_OTHER_LOAD of the CPU."""
+    retakes = MAX_RETAKES if retakes is None else retakes
     scheduled = build_step(engine, point)
     try:
         result = ScheduleResult.of(scheduled, 0, engine.scheduler.knobs, "calibration")
         engine.runner.execute(scheduled)   # untimed: the first step of a new shape pays for oneDNN/allocator set-up
-        for attempt in range(MAX_RETAKES + 1):
+        for attempt in range(retakes + 1):
             load = OtherLoad()
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
                 engine.runner.execute(scheduled)
+                if engine.config.device.startswith("cuda"):
+                    torch.cuda.synchronize()            # kernels run asynchronously: time them to the end
                 times.append(time.perf_counter() - start)
             if load.share() <= MAX_OTHER_LOAD:
                 break
-            if attempt == MAX_RETAKES:
+            if attempt == retakes:
                 log.warning("calibration point %s measured while other processes used %.0f%% of the CPU",
                             point, 100 * load.share())
-            time.sleep(RETAKE_PAUSE_S)
+            else:
+                time.sleep(RETAKE_PAUSE_S)
     finally:
         for s in scheduled:
             engine.block_manager.free(s.request.block_table)
@@ -129,23 +137,35 @@ def live_steps(engine: LLMEngine, num_requests: int, seed: int = 0) -> list[Step
 
 
 def calibrate(engine: LLMEngine, num_points: int = 120, repeats: int = 3, holdout_fraction: float = 0.2,
-              seed: int = 0, progress: bool = True, live_requests: int = 32) -> CostModel:
+              seed: int = 0, progress: bool = True, live_requests: int = 32,
+              time_limit_s: float | None = None, retakes: int | None = None) -> CostModel:
     """Measure `num_points` grid points and the steps of `live_requests` requests, and fit; the
-    MAPE on the held-out share is in the result."""
+    MAPE on the held-out share is in the result. With `time_limit_s`, the grid stops once that is
+    spent (the points are a random sample, so a prefix is one too), after MIN_POINTS at least."""
     blocks = engine.block_manager
     points = grid(blocks.num_free_blocks, blocks.block_size, engine.config.max_token_budget, num_points, seed,
                   engine.max_model_len)
     shapes, seconds = [], []
+    start = time.monotonic()
     for point in tqdm(points, desc="calibrating", disable=not progress):
-        shape, t = measure(engine, point, repeats)
+        shape, t = measure(engine, point, repeats, retakes)
         shapes.append(shape)
         seconds.append(t)
+        if time_limit_s is not None and len(shapes) >= MIN_POINTS and time.monotonic() - start > time_limit_s:
+            log.info("calibration: %d of %d grid points within %.0f s", len(shapes), len(points), time_limit_s)
+            break
     for record in live_steps(engine, live_requests, seed):
         shapes.append(StepShape.of(record))
         seconds.append(record.duration_s)
-    return fit_cost_model(shapes, seconds, holdout_fraction, seed, model=engine.model_config.name,
-                          dtype=str(engine.runner.dtype).removeprefix("torch."), device=engine.config.device,
-                          kv_blocks=engine.block_manager.num_blocks, block_size=engine.block_manager.block_size)
+    return fit_cost_model(shapes, seconds, holdout_fraction, seed, **engine_meta(engine))
+
+
+def engine_meta(engine: LLMEngine) -> dict[str, object]:
+    """What a cost model of `engine` records about what it describes."""
+    device = engine.config.device
+    return {"model": engine.model_config.name, "dtype": str(engine.runner.dtype).removeprefix("torch."),
+            "device": device, "fingerprint": machine_fingerprint(device),
+            "kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_manager.block_size}
 
 
 def default_cost_model_path(state_dir: str | Path, model: str, dtype: str, device: str) -> Path:

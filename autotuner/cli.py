@@ -71,6 +71,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", default=None, help="where tuner state lives (default ./state)")
     p.add_argument("--no-tune", dest="tune", action="store_const", const=False, default=None,
                    help="serve with fixed knobs, no online tuning")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_const", const=False, default=None,
+                   help="where no cost model describes this model/dtype/machine, skip the start-up calibration "
+                        "(~1 min) and scale the shipped one by live step times")
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -201,7 +204,7 @@ def run_serve(args: argparse.Namespace) -> None:
 
     overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "policy", "kv_cache_memory_mb",
                                                "max_waiting", "api_key", "grace_s", "state_dir", "tune",
-                                               "slo_classes")}
+                                               "slo_classes", "calibrate")}
     settings = load_settings(args.config, overrides)
     if args.token_budget:
         settings.knobs = {**settings.knobs, "token_budget": args.token_budget}
@@ -210,7 +213,7 @@ def run_serve(args: argparse.Namespace) -> None:
     run_daemon(DaemonConfig(settings.engine_config(), settings.api_config(served_model_name(settings.model)),
                             settings.host, settings.port, settings.grace_s, settings.slo_values(),
                             settings.peak_flops, settings.peak_bandwidth, tune=settings.tune,
-                            state_dir=settings.state_dir))
+                            state_dir=settings.state_dir, calibrate=settings.calibrate))
 
 
 def served_model_name(model: str | None) -> str:

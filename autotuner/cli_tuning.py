@@ -13,6 +13,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cal = sub.add_parser("calibrate", help="profile the engine over a grid of step shapes and fit its cost model")
     cal.add_argument("--model", default=None, help="a .gguf, an HF directory or a preset (default: bundled SmolLM2)")
     cal.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    cal.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     cal.add_argument("--kv-cache-memory-mb", type=float, default=512.0, help="KV pool, as the daemon's (default 512)")
     cal.add_argument("--points", type=int, default=120, help="grid points measured (default 120)")
     cal.add_argument("--repeats", type=int, default=3, help="timed runs per point; the median is kept (default 3)")
@@ -86,12 +87,17 @@ def parse_knobs(pairs: list[str]) -> dict[str, object]:
 
 
 def run_calibrate(args: argparse.Namespace) -> None:
+    import torch
+
     from autotuner.calibrate import calibrate, default_cost_model_path
     from engine import EngineConfig, LLMEngine
 
     if args.points < 10 or args.repeats < 1 or not 0 <= args.holdout < 0.9:
         raise ValueError("--points must be >= 10, --repeats >= 1 and --holdout in [0, 0.9)")
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory_mb=args.kv_cache_memory_mb))
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                                    kv_cache_memory_mb=args.kv_cache_memory_mb))
     model = calibrate(engine, args.points, args.repeats, args.holdout)
     path = model.save(args.out or default_cost_model_path(args.state_dir, model.model, model.dtype, model.device))
     print(json.dumps({"path": str(path), "coefficients": model.coefficients, "fit_mape": model.fit_mape,

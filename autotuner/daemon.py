@@ -20,7 +20,7 @@ from telemetry.model_cost import ModelCost
 from telemetry.prometheus import PrometheusMetrics
 from telemetry.window import SLO, Arrival, TelemetryWindow
 from autotuner.admin_api import add_admin_routes
-from autotuner.simulation import find_cost_model
+from autotuner.startup_cost_model import choose_cost_model
 from autotuner.tuner_service import TunerService
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ class DaemonConfig:
     utilisation_window_s: float = 10.0
     tune: bool = True                         # run the online controller beside the engine
     state_dir: str = "state"                  # tuner studies, decisions, calibrated cost models
+    calibrate: bool = True                    # calibrate at start-up when no cost model describes this machine
 
 
 class Telemetry:
@@ -98,7 +99,8 @@ def run_daemon(config: DaemonConfig) -> None:
     def load() -> LLMEngine:
         engine = telemetry.attach(LLMEngine(config.engine))
         # the deadline policy prices each step with it, kept to the machine's live speed
-        cost = LiveCostModel(find_cost_model(None, config.state_dir)).attach(engine)
+        choice = choose_cost_model(engine, config.state_dir, config.calibrate)
+        cost = LiveCostModel(choice.model, choice.source, choice.describes_machine).attach(engine)
         engine.scheduler.arrival_guard_s = config.api.slo_classes.arrival_guard_s()
         # What exists now (the tokenizer's vocabulary, checkpoint metadata, imported modules) lives as
         # long as the daemon: keep it out of every later full GC pass, which would otherwise walk it

@@ -45,6 +45,7 @@ class Settings:
     slo: dict[str, float] = field(default_factory=dict)    # the default SLO class's targets (ttft_s, tbt_s)
     slo_classes: str = str(SHIPPED_SLO_CLASSES)            # YAML file of the classes requests may name
     tune: bool = True
+    calibrate: bool = True            # at start-up, where no cost model describes this model/dtype/machine
     state_dir: str = "state"
     peak_flops: float | None = None
     peak_bandwidth: float | None = None

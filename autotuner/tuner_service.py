@@ -100,4 +100,5 @@ class TunerService:
         return {"running": self._thread is not None and self._thread.is_alive(), "paused": c.paused,
                 "pinned": c.pinned.as_dict() if c.pinned else None, "regime": c.regime.key if c.regime else None,
                 "incumbent": c.incumbent() if c.study else None, "windows": c.windows,
-                "violating_windows": c.violations, "state_dir": self.state_dir}
+                "violating_windows": c.violations, "state_dir": self.state_dir,
+                "cost_model": self.cost.describe() if self.cost else None}

@@ -65,6 +65,7 @@ class CostModel:
     model: str = ""
     dtype: str = ""
     device: str = ""
+    fingerprint: str = ""                    # engine.machine.machine_fingerprint of the machine it was fitted on
     kv_blocks: int = 0                       # the calibrated engine's KV pool, which the simulator copies
     block_size: int = 16
     tile_tokens: int = 1                     # prefill chunks of a multiple of this are cheapest per token (GPU tiles)
@@ -83,6 +84,11 @@ class CostModel:
         tokens = prefill + decode
         return (c0 + tok * tokens + root * math.sqrt(tokens) + samp * sampled + ctx * context
                 + pair * pairs + seq * seqs)
+
+    def describes(self, model: str, dtype: str, device: str, fingerprint: str) -> bool:
+        """Fitted on this model, dtype and device kind, on a machine with this fingerprint."""
+        return (self.model, self.dtype, self.device.split(":")[0], self.fingerprint) == (
+            model, dtype, device.split(":")[0], fingerprint)
 
     def scaled(self, factor: float) -> CostModel:
         """Every prediction times `factor` (the model is linear in its coefficients)."""

@@ -20,11 +20,14 @@ LIVE_STEPS = 2000            # live steps kept for the speed factor
 MIN_LIVE_STEPS = 200         # fewer than this: the calibration as it is
 REFRESH_EVERY_STEPS = 200    # how often the scheduler's copy is re-scaled (a median over LIVE_STEPS, ~ms)
 SPEED_FACTOR_RANGE = (0.5, 2.0)   # a live machine further off its calibration than this wants a recalibration
+# a model that does not describe this machine (--no-calibrate): only its shape is kept, the scale is live
+UNCALIBRATED_RANGE = (0.001, 1000.0)
 
 
 class LiveCostModel:
-    def __init__(self, base: CostModel) -> None:
-        self.base = base
+    def __init__(self, base: CostModel, source: str = "", describes_machine: bool = True) -> None:
+        self.base, self.source, self.describes_machine = base, source, describes_machine
+        self.speed_range = SPEED_FACTOR_RANGE if describes_machine else UNCALIBRATED_RANGE
         self._steps: deque[StepRecord] = deque(maxlen=LIVE_STEPS)
         self._engine: LLMEngine | None = None
 
@@ -46,8 +49,14 @@ class LiveCostModel:
         if len(steps) < MIN_LIVE_STEPS:
             return 1.0
         ratios = [r.duration_s / self.base.predict(StepShape.of(r)) for r in steps]
-        low, high = SPEED_FACTOR_RANGE
+        low, high = self.speed_range
         return min(high, max(low, float(np.median(ratios))))
+
+    def describe(self) -> dict[str, object]:
+        """For /admin/tuning: where the model came from and how far the live machine is off it."""
+        return {"source": self.source, "describes_machine": self.describes_machine, "model": self.base.model,
+                "dtype": self.base.dtype, "device": self.base.device, "fingerprint": self.base.fingerprint,
+                "speed_factor": self.speed_factor()}
 
     def current(self) -> CostModel:
         factor = self.speed_factor()

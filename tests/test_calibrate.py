@@ -31,3 +31,31 @@ def test_a_built_step_holds_exactly_its_blocks(tiny_hf):
     assert [s.is_decode for s in scheduled] == [True, True, True, False]
     for s in scheduled:
         engine.block_manager.free(s.request.block_table)
+
+
+def test_the_daemon_uses_only_a_cost_model_of_its_own_machine(tiny_hf, monkeypatch, tmp_path):
+    """A calibration from another machine (a fake fingerprint) is passed over: the daemon calibrates
+    at start-up, or with --no-calibrate says it runs on the shipped model's shape at the live speed."""
+    from autotuner import startup_cost_model
+    from engine.cost_model import CostModel
+    from engine.live_cost_model import UNCALIBRATED_RANGE, LiveCostModel
+
+    monkeypatch.setattr(calibrate_module, "MAX_RETAKES", 0)
+    monkeypatch.setattr(startup_cost_model, "START_UP_GRID_S", 0.0)        # the fewest points: a test, not a fit
+    engine = make_engine(tiny_hf[0], num_kv_blocks=4096, block_size=16)
+    meta = calibrate_module.engine_meta(engine)
+    elsewhere = CostModel((0.5,) + (0.0,) * 6, **(meta | {"fingerprint": "cpu: another machine, 64 cores, amx_tile"}))
+    elsewhere.save(tmp_path / "cost_models" / "elsewhere.json")
+
+    skipped = startup_cost_model.choose_cost_model(engine, str(tmp_path), calibrate_at_start=False)
+    assert not skipped.describes_machine and "--no-calibrate" in skipped.source
+    assert skipped.model.model != meta["model"]                             # the shipped SmolLM2 fit
+    assert LiveCostModel(skipped.model, skipped.source, False).speed_range == UNCALIBRATED_RANGE
+
+    calibrated = startup_cost_model.choose_cost_model(engine, str(tmp_path))
+    assert calibrated.describes_machine and calibrated.source.startswith("calibrated at start-up")
+    assert calibrated.model.fingerprint == meta["fingerprint"] and calibrated.model.model == meta["model"]
+    assert_no_kv_leak(engine)
+
+    again = startup_cost_model.choose_cost_model(engine, str(tmp_path))    # the saved one is found next time
+    assert again.describes_machine and again.model == calibrated.model and "start-up" not in again.source

@@ -15,10 +15,13 @@ import httpx
 from tests.live_server import free_port
 
 
-def test_sigterm_lets_in_flight_requests_finish_and_exits_zero(tiny_hf):
+def test_sigterm_lets_in_flight_requests_finish_and_exits_zero(tiny_hf, tmp_path):
     port = free_port()
+    # --no-calibrate: no cost model describes the tiny model, and its start-up calibration is
+    # tested in test_calibrate; here it would only lengthen the start
     proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "serve", "--model", tiny_hf[0], "--dtype", "fp32",
-                             "--port", str(port), "--grace-s", "20"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             "--port", str(port), "--grace-s", "20", "--state-dir", str(tmp_path), "--no-calibrate"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -39,7 +42,9 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_zero(tiny_hf):
 
         client = threading.Thread(target=stream)
         client.start()
+        started = time.monotonic() + 60
         while not chunks:
+            assert client.is_alive() and time.monotonic() < started, "no token streamed"
             time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         client.join(60)
