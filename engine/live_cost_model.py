@@ -9,6 +9,7 @@ budget-32 steps made the warm start propose 1888)."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 
@@ -32,8 +33,12 @@ class LiveCostModel:
         self._engine: LLMEngine | None = None
 
     def attach(self, engine: LLMEngine) -> LiveCostModel:
-        """Price `engine`'s steps with this model from now on, re-scaled as live steps come in."""
+        """Price `engine`'s steps with this model from now on, re-scaled as live steps come in. The
+        model takes the engine's KV pool, so the warm start's simulations model this engine's pool,
+        not the one the calibration ran with."""
         self._engine = engine
+        blocks = engine.block_manager
+        self.base = replace(self.base, kv_blocks=blocks.num_blocks, block_size=blocks.block_size)
         engine.scheduler.cost = self.current()
         engine.step_listeners.append(self.on_step)
         return self

@@ -162,9 +162,11 @@ def test_live_cost_model_keeps_the_schedulers_copy_to_the_live_speed():
     from engine.outputs import StepRecord
 
     base = CostModel.load(SHIPPED_COST_MODEL)
-    engine = SimpleNamespace(scheduler=SimpleNamespace(cost=None), step_listeners=[])
-    LiveCostModel(base).attach(engine)
-    assert engine.scheduler.cost is base
+    engine = SimpleNamespace(scheduler=SimpleNamespace(cost=None), step_listeners=[],
+                             block_manager=SimpleNamespace(num_blocks=base.kv_blocks * 3, block_size=32))
+    live = LiveCostModel(base).attach(engine)
+    assert engine.scheduler.cost.coefficients == base.coefficients
+    assert (live.current().kv_blocks, live.current().block_size) == (base.kv_blocks * 3, 32)   # the engine's pool
     shape = StepShape(32, 4, 5, 2000, 3000, 5)
     for i in range(max(MIN_LIVE_STEPS, REFRESH_EVERY_STEPS) + 1):
         for listener in engine.step_listeners:
