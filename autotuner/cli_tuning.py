@@ -24,7 +24,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("simulate", help="run a workload through the simulator and print its JSON summary")
     sim.add_argument("--workload", default="chat", help="a preset in configs/workloads.yaml or a YAML file")
     sim.add_argument("--qps", type=float, default=None, help="base request rate (default: the workload's)")
-    sim.add_argument("--requests", type=int, default=1000, help="requests (default 1000)")
+    sim.add_argument("--requests", type=int, default=None,
+                     help="requests (default 1000; with --duration, at most this many)")
+    sim.add_argument("--duration", type=float, default=None,
+                     help="simulated seconds of arrivals, the phases splitting them by share (e.g. 86400 "
+                     "for the diurnal preset's day); without --requests, every arrival in them")
     sim.add_argument("--policy", default="sarathi", help="scheduling policy (see `autotuned-serve policies`)")
     sim.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="a knob value (repeatable)")
     add_cost_model_arguments(sim)
@@ -112,12 +116,18 @@ def run_simulate(args: argparse.Namespace) -> None:
     from policies import Knobs, get_policy
     from telemetry.window import SLO
 
-    if args.requests < 1 or (args.qps is not None and not args.qps > 0):
+    if (args.requests is not None and args.requests < 1) or (args.qps is not None and not args.qps > 0):
         raise ValueError("--requests must be >= 1 and --qps > 0")
+    if args.duration is not None and not args.duration > 0:
+        raise ValueError("--duration must be > 0")
     get_policy(args.policy)
     knobs = Knobs().replace(**parse_knobs(args.knob))
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
-    specs = generate(load_workload(args.workload), qps=args.qps, num_requests=args.requests, seed=args.seed)
+    requests = args.requests if args.requests is not None or args.duration is not None else 1000
+    specs = generate(load_workload(args.workload), qps=args.qps, num_requests=requests, duration_s=args.duration,
+                     seed=args.seed)
+    if not specs:
+        raise ValueError("the workload produced no requests; raise --duration or --qps")
     start = time.perf_counter()
     run = simulate(specs, cost, args.policy, knobs, SLO(args.slo_ttft_s, args.slo_tbt_s))
     result = {"workload": args.workload, "qps": args.qps, "policy": args.policy,

@@ -173,3 +173,13 @@ def test_live_cost_model_keeps_the_schedulers_copy_to_the_live_speed():
             listener(StepRecord(i, float(i), 0.5 * base.predict(shape), 32, 4, 1, 5, 0, 0, 0.1, 2000, 3000, 5,
                                 0.0, 0.0, 0.0, 0.0, "deadline", 0))
     assert engine.scheduler.cost.predict(shape) == pytest.approx(0.5 * base.predict(shape))
+
+
+def test_simulate_command_runs_a_duration(capsys):
+    """--duration: every arrival in that many simulated seconds (the phases split them by share)."""
+    assert main(["simulate", "--profile", "h100-llama3.1-8b", "--workload", "shift-gpu", "--qps", "0.5",
+                 "--duration", "60", "--policy", "deadline"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    specs = generate(load_workload("shift-gpu"), qps=0.5, duration_s=60.0)
+    assert out["num_requests"] == len(specs) > 0
+    assert main(["simulate", "--duration", "0"]) == 2

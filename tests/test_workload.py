@@ -203,3 +203,28 @@ def test_classes_land_on_the_specs():
                                          "streams": [{"name": "a"}, {"name": "b", "slo_class": "interactive"}]}]})
     assert {(s.phase, s.slo_class) for s in generate(w, num_requests=200)} == {("p/a", "batch"), ("p/b", "interactive")}
     assert min(s.prompt_tokens for s in generate(w, num_requests=200)) >= 1000   # lengths from the phase too
+
+
+def test_diurnal_follows_the_day_curve():
+    """24 hourly ramps: the trough at 04:00 (0.2 of the peak rate), the peak at 16:00, mean 0.6."""
+    w = load_workload("diurnal")
+    assert [p.name for p in w.phases] == [f"{h:02d}h" for h in range(24)]
+    t = np.array([s.arrival_s for s in generate(w, qps=1.0, duration_s=86_400.0, seed=0)])
+    per_hour = np.histogram(t, bins=24, range=(0, 86_400))[0] / 3600
+    assert len(t) / 86_400 == pytest.approx(0.6, rel=0.03)
+    assert int(np.argmax(per_hour)) in (15, 16) and int(np.argmin(per_hour)) in (3, 4)
+    assert per_hour.max() == pytest.approx(1.0, rel=0.05) and per_hour.min() == pytest.approx(0.2, rel=0.1)
+    # the ramps join: each phase ends at the rate the next starts from
+    assert all(a.arrival.ramp_to == b.arrival.ramp_from for a, b in zip(w.phases, w.phases[1:] + w.phases[:1]))
+
+
+def test_shift_gpu_moves_from_decode_heavy_to_prefill_heavy_and_back():
+    specs = generate(load_workload("shift-gpu"), qps=2.0, duration_s=3000.0, seed=0)
+    by_phase = {name: [s for s in specs if s.phase == name]
+                for name in ("sharegpt4-1", "arxiv-summarization", "sharegpt4-2")}
+    assert [s.phase for s in specs] == sorted((s.phase for s in specs), key=list(by_phase).index)
+    rates = {name: len(group) / 1000.0 for name, group in by_phase.items()}
+    assert rates["arxiv-summarization"] / rates["sharegpt4-1"] == pytest.approx(1.3, rel=0.1)
+    ratio = {name: np.mean([s.prompt_tokens for s in g]) / np.mean([s.output_tokens for s in g])
+             for name, g in by_phase.items()}
+    assert ratio["arxiv-summarization"] > 2 * ratio["sharegpt4-1"]
