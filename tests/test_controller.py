@@ -109,42 +109,61 @@ def test_bad_trial_is_rolled_back_within_one_window(cost, tmp_path):
 
 
 class FailingTarget(SimulatedTarget):
-    """A telemetry source that breaks on its third read."""
+    """A telemetry source that, once armed, breaks on its first read after knobs were applied: the
+    first read of the window measuring the trial that applied them."""
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
-        self.reads = 0
+        self.armed = self.trial_applied = False
+        self.knobs_at_failure: Knobs | None = None
+
+    def apply(self, policy, knobs) -> None:
+        super().apply(policy, knobs)
+        self.trial_applied = self.armed
 
     def window(self, seconds):
-        self.reads += 1
-        if self.reads == 3:
+        if self.trial_applied:
+            self.armed = self.trial_applied = False
+            self.knobs_at_failure = self.knobs()
             raise RuntimeError("telemetry broke")
         return super().window(seconds)
 
 
-def test_controller_failure_leaves_serving_and_last_good_knobs(cost, tmp_path):
-    specs = generate(load_workload("chat"), qps=1.0, duration_s=300, seed=6)
+def test_controller_failure_leaves_serving_and_last_good_knobs(cost, tmp_path, caplog):
+    """Telemetry breaking inside a running trial: the run loop logs it, puts the engine back on the
+    last good knobs (not the trial's), tells the study the trial FAILED, and serving goes on."""
+    specs = generate(load_workload("chat"), qps=1.0, duration_s=400, seed=6)
     sim, target, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256), FailingTarget)
     records = []
     sim.finish_listeners.append(records.append)
     sim.submit(specs)
+    while controller.study is None or best_configuration(controller._completed(), controller.space) is None:
+        controller.step()                           # a regime, and a measured feasible configuration
+    last_good = controller.last_good
+    trial_budget = 64 if last_good.token_budget != 64 else 128
+    controller.study.enqueue_trial(controller.incumbent() | {"token_budget": trial_budget},
+                                   user_attrs={"source": "recheck"})   # a queued trial: no trust region
+    controller._since_recheck = 0
+    target.armed = True
     stop = threading.Event()
-    steps = 0
+    original_step = controller.step
 
-    def step_then_stop():
-        nonlocal steps
-        steps += 1
-        if steps == 4:
-            stop.set()
+    def one_step():
+        stop.set()
         original_step()
 
-    original_step, controller.step = controller.step, step_then_stop
-    controller.run(stop)                            # the exception is logged, never raised
-    assert target.knobs() == controller.last_good or target.knobs().version > 0
+    controller.step = one_step
+    with caplog.at_level("ERROR", logger="autotuner.controller"):
+        controller.run(stop)                        # the exception is logged, never raised
+    assert any("window failed" in m for m in caplog.messages)
+    assert target.knobs_at_failure is not None and target.knobs_at_failure.token_budget == trial_budget
+    assert controller.last_good == last_good        # the failed window taught nothing
+    assert target.knobs() == last_good             # rolled back to exactly those knobs
+    failed = controller.study.trials[-1]
+    assert failed.params["token_budget"] == trial_budget and failed.state is TrialState.FAIL
+    assert not controller.study.get_trials(states=(TrialState.RUNNING,))
     sim.run()                                       # serving goes on to the end
     assert len(records) == len(specs)
-    running = [t for t in controller.study.trials if t.state is TrialState.RUNNING] if controller.study else []
-    assert not running
 
 
 def test_state_survives_restart_and_crashed_trials_are_failed(cost, tmp_path):
