@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import optuna
 
-from autotuner.controller import ControllerSettings
+from autotuner.controller import Controller, ControllerSettings
 from autotuner.search_space import load_search_space
-from autotuner.sim_tuning import tune_on_simulator
-from autotuner.warm_start import best_configurations, slo_token_budget
+from autotuner.sim_tuning import grid_points, tune_on_simulator
+from autotuner.simulation import make_simulator, simulate
+from autotuner.targets import SimulatedTarget
+from autotuner.tuner_state import TunerState
+from autotuner.warm_start import (SimulatorWarmStart, WarmStartJob, best_configurations, observed_workload, search,
+                                  slo_token_budget)
 from autotuner.workload import generate, load_workload
 from engine.cost_model import CostModel
-from telemetry.window import SLO
+from policies import Knobs
+from telemetry.window import SLO, TelemetryWindow
 
 
 def study_with(results: list[tuple[int, float, float]]) -> optuna.Study:
@@ -56,3 +61,41 @@ def test_simulated_controller_warm_starts_in_process(tmp_path):
                                        warm_start_trials=4, warm_start_enqueue=2)
     controller, _, _ = tune_on_simulator(specs, cost, str(tmp_path), SLO(2.0, 0.25), settings)
     assert [t.user_attrs.get("source") for t in controller.study.trials][:2] == ["warm-start", "warm-start"]
+
+
+def test_warm_start_search_finds_what_a_grid_search_finds(tmp_path):
+    """End to end on the simulator: the controller enters its first regime, the warm start searches
+    simulations of the requests just observed and enqueues its best configurations; the first of them
+    serves that same simulated workload within 10% of the goodput of the best point of the offline
+    grid (budgets x prefill priorities). The knobs serving at entry (a 32-token budget) are well
+    below that, so the search, not its first candidate, has to find it."""
+    slo = SLO(2.0, 0.25)
+    cost = CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
+    space = load_search_space()
+    sim = make_simulator(cost, "adaptive", Knobs(token_budget=32), slo)
+    telemetry = TelemetryWindow(slo, clock=lambda: sim.now)
+    target = SimulatedTarget(sim, telemetry)
+    jobs: list[WarmStartJob] = []
+    warm = SimulatorWarmStart(lambda: cost, space, slo, "adaptive", target.knobs,
+                              lambda s: telemetry.recent_requests(s, now=sim.now), trials=12, keep=3,
+                              runner=lambda job: jobs.append(job) or search(job))
+    settings = ControllerSettings.load(policy="adaptive", warm_start_trials=12, warm_start_enqueue=3)
+    controller = Controller(target, space, TunerState(tmp_path), slo, settings, warm)
+    enqueued: list[dict] = []
+    controller.listeners.append(lambda d: d["action"] == "warm-start" and enqueued.append(d["knobs"]))
+    sim.submit(generate(load_workload("chat"), qps=1.1, duration_s=120, seed=3))
+    while controller.study is None:
+        controller.step()
+    assert len(jobs) == 1 and len(enqueued) == 3
+    assert [t.user_attrs["source"] for t in controller.study.trials] == ["warm-start"] * 3   # the first one ran
+
+    job = jobs[0]
+    specs = observed_workload(job.lengths, job.rate_rps, job.seed)     # what the search simulated
+    base = Knobs(**job.knobs)
+
+    def goodput(knobs: Knobs) -> float:
+        return simulate(specs, cost, "adaptive", knobs, slo).summary.goodput_rps
+
+    grid_best = max(goodput(base.replace(**point)) for point in grid_points("adaptive"))
+    assert goodput(base) < 0.85 * grid_best
+    assert goodput(Knobs(**enqueued[0])) >= 0.9 * grid_best     # the search's best, which the controller tries first
