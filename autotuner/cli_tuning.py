@@ -65,6 +65,8 @@ def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--seed", type=int, default=0)
     tune.add_argument("--slo-ttft-s", type=float, default=2.0)
     tune.add_argument("--slo-tbt-s", type=float, default=0.25)
+    tune.add_argument("--no-ablation", action="store_true",
+                      help="skip the plain-budget grid (best_static_plain_budget): 21 fewer runs of the workload")
 
     ctl = sub.add_parser("tuner", help="pause, resume or pin a running daemon's tuner, or show its status")
     ctl.add_argument("action", choices=["status", "pause", "resume", "pin"])
@@ -155,7 +157,7 @@ def run_tune(args: argparse.Namespace) -> None:
         raise ValueError("the workload produced no requests; raise --duration or --qps")
     start = time.perf_counter()
     result = compare(specs, cost, args.state_dir, SLO(args.slo_ttft_s, args.slo_tbt_s), ControllerSettings.load(),
-                     args.seed)
+                     args.seed, ablation=not args.no_ablation)
     print(json.dumps({"workload": args.workload, "cost_model": cost_model_label(cost, args.profile), **result,
                       "wall_s": round(time.perf_counter() - start, 1)}, indent=2, default=str))
 

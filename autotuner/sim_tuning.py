@@ -133,23 +133,27 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
 
 
 def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
-            settings: ControllerSettings, seed: int = 0) -> dict[str, Any]:
-    """The JSON summary of `tune --simulate`."""
+            settings: ControllerSettings, seed: int = 0, ablation: bool = True) -> dict[str, Any]:
+    """The JSON summary of `tune --simulate`. `ablation`: also the plain-budget grid (the tuned
+    policy's inner loop off), 21 more runs of the whole workload."""
     space = load_search_space(max_token_budget=None)
     controller, records, end = tune_on_simulator(specs, cost, state_dir, slo, settings, space, seed)
     duration = end - specs[0].arrival_s
     tuned = summarize_requests(records, slo, duration)
     grid = static_grid(specs, cost, space, settings.policy, slo)
     static_params, static = best_of(grid)
-    plain_grid = grid if settings.policy == PLAIN_POLICY else static_grid(specs, cost, space, PLAIN_POLICY, slo)
-    plain_params, plain = best_of(plain_grid)
     baselines = {name: evaluate_static(specs, cost, policy, knobs, slo)
                  for name, (policy, knobs) in VLLM_DEFAULTS.items()}
     goodput = {"tuned": tuned.goodput_rps, "best_static": static.goodput_rps,
-               "best_static_plain_budget": plain.goodput_rps,
                **{name: r.goodput_rps for name, r in baselines.items()},
-               "per_phase_best": per_phase_best_goodput([r for _, r in grid], static.duration_s),
-               "per_phase_best_plain_budget": per_phase_best_goodput([r for _, r in plain_grid], plain.duration_s)}
+               "per_phase_best": per_phase_best_goodput([r for _, r in grid], static.duration_s)}
+    plain_knobs = {}
+    if ablation or settings.policy == PLAIN_POLICY:
+        plain_grid = grid if settings.policy == PLAIN_POLICY else static_grid(specs, cost, space, PLAIN_POLICY, slo)
+        plain_params, plain = best_of(plain_grid)
+        goodput |= {"best_static_plain_budget": plain.goodput_rps, "per_phase_best_plain_budget":
+                    per_phase_best_goodput([r for _, r in plain_grid], plain.duration_s)}
+        plain_knobs = {"best_static_plain_budget_knobs": plain_params | {"policy": PLAIN_POLICY}}
     return {
         "goodput_rps": goodput,
         "ratio_tuned_over": {k: (goodput["tuned"] / v if v else None) for k, v in goodput.items() if k != "tuned"},
@@ -162,7 +166,7 @@ def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
                                       **{n: r.violating_window_fraction for n, r in baselines.items()}},
         "policy": settings.policy,
         "best_static_knobs": static_params,
-        "best_static_plain_budget_knobs": plain_params | {"policy": PLAIN_POLICY},
+        **plain_knobs,
         "windows": controller.windows,
         "regimes": regime_summaries(controller),
         "num_requests": len(specs),

@@ -169,3 +169,11 @@ def test_plain_python_percentile_matches_numpy():
         values = list(rng.random(n))
         for q in (0, 50, 90, 99, 100):
             assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), abs=1e-12)
+
+
+def test_tune_without_the_ablation_skips_the_plain_budget_grid(capsys, tmp_path):
+    assert main(["tune", "--simulate", "--profile", "h100-llama3.1-8b", "--workload", "chat", "--duration", "10",
+                 "--qps", "2", "--state-dir", str(tmp_path), "--no-ablation"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"tuned", "best_static", "per_phase_best", "vllm_default_2048"} <= set(out["goodput_rps"])
+    assert "best_static_plain_budget" not in out["goodput_rps"] and "best_static_plain_budget_knobs" not in out
