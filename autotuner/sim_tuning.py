@@ -49,10 +49,20 @@ class RunResult:
 
 def evaluate_static(specs: list[RequestSpec], cost: CostModel, policy: str, knobs: Knobs, slo: SLO) -> RunResult:
     run = simulate(specs, cost, policy, knobs, slo)
-    phases = [s.phase for s in sorted(specs, key=lambda s: s.arrival_s)]   # the simulator's ids: sim-<index>
-    good = Counter(phases[int(r.request_id.removeprefix("sim-"))] for r in run.records if slo.met_by(r))
     return RunResult(run.summary.goodput_rps, run.summary.slo_attainment, violating_fraction(run.records, slo),
-                     run.summary.duration_s, dict(good))
+                     run.summary.duration_s, good_by_phase(specs, run.records, slo))
+
+
+def good_by_phase(specs: list[RequestSpec], records: list[RequestRecord], slo: SLO) -> dict[str, int]:
+    """Requests that met the SLO, per workload phase (the simulator's ids: sim-<index in arrival order>)."""
+    phases = [s.phase for s in sorted(specs, key=lambda s: s.arrival_s)]
+    return dict(Counter(phases[int(r.request_id.removeprefix("sim-"))] for r in records if slo.met_by(r)))
+
+
+def per_phase_best_knobs(grid: list[tuple[dict[str, Any], RunResult]]) -> dict[str, dict[str, Any]]:
+    """Per phase, the grid configuration that served most of its requests within the SLO."""
+    phases = {phase for _, result in grid for phase in result.good_by_phase}
+    return {phase: max(grid, key=lambda entry: entry[1].good_by_phase.get(phase, 0))[0] for phase in sorted(phases)}
 
 
 def grid_points(policy: str) -> list[dict[str, Any]]:
@@ -166,6 +176,11 @@ def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
                                       **{n: r.violating_window_fraction for n, r in baselines.items()}},
         "policy": settings.policy,
         "best_static_knobs": static_params,
+        "good_requests_by_phase": {"tuned": good_by_phase(specs, records, slo), "best_static": static.good_by_phase,
+                                   "per_phase_best": {phase: max(r.good_by_phase.get(phase, 0) for _, r in grid)
+                                                      for phase in per_phase_best_knobs(grid)},
+                                   **{n: r.good_by_phase for n, r in baselines.items()}},
+        "per_phase_best_knobs": per_phase_best_knobs(grid),
         **plain_knobs,
         "windows": controller.windows,
         "regimes": regime_summaries(controller),

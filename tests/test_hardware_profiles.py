@@ -177,3 +177,14 @@ def test_tune_without_the_ablation_skips_the_plain_budget_grid(capsys, tmp_path)
     out = json.loads(capsys.readouterr().out)
     assert {"tuned", "best_static", "per_phase_best", "vllm_default_2048"} <= set(out["goodput_rps"])
     assert "best_static_plain_budget" not in out["goodput_rps"] and "best_static_plain_budget_knobs" not in out
+    phases = {"chat"}
+    assert set(out["good_requests_by_phase"]["tuned"]) <= phases and set(out["per_phase_best_knobs"]) <= phases
+
+
+def test_per_phase_best_knobs_picks_each_phases_own_best():
+    from autotuner.sim_tuning import RunResult, per_phase_best_goodput, per_phase_best_knobs
+
+    grid = [({"token_budget": 256}, RunResult(1.0, None, 0.0, 10.0, {"a": 8, "b": 2})),
+            ({"token_budget": 2048}, RunResult(1.0, None, 0.0, 10.0, {"a": 3, "b": 7}))]
+    assert per_phase_best_knobs(grid) == {"a": {"token_budget": 256}, "b": {"token_budget": 2048}}
+    assert per_phase_best_goodput([r for _, r in grid], 10.0) == pytest.approx(1.5)
