@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+from optuna.trial import TrialState
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotuner.cli import main
@@ -37,6 +38,8 @@ def daemon(tiny_hf, tmp_path_factory):
 
     def load():
         engine = telemetry.attach(make_engine(tiny_hf[0], token_budget=32))
+        # the tuned knobs of every step the engine ran (read on its own thread, where they are applied)
+        engine.step_listeners.append(lambda record: RAN.add(tuned(engine.scheduler.knobs.as_dict(), tuner)))
         tuner.start(engine, telemetry.window)
         return engine
 
@@ -69,11 +72,43 @@ def wait_for(predicate, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+RAN: set[tuple] = set()
+
+
+def tuned(values: dict, tuner: TunerService) -> tuple:
+    return tuple(values[r.name] for r in tuner.space.ranges)
+
+
 def test_tuner_runs_trials_under_traffic(daemon):
+    """Trials complete on measured windows and change what the engine runs: the engine ran steps
+    on every completed trial's knobs (two different ones at least), and once paused, the status and
+    the decision counter count exactly the study's measured windows and the ones that missed the SLO."""
     server, tuner, _ = daemon
-    wait_for(lambda: tuner.controller.windows >= 2)
-    status = httpx.get(server.url + "/admin/tuning").json()
-    assert status["running"] and status["regime"] and status["windows"] >= 1
+    controller = tuner.controller
+
+    def completed():
+        return controller.study.get_trials(states=(TrialState.COMPLETE,)) if controller.study else []
+
+    wait_for(lambda: len({tuned(t.params, tuner) for t in completed()}) >= 2, timeout=240)
+    assert httpx.post(server.url + "/admin/tuning/pause").json()["paused"] is True
+    try:
+        wait_for(lambda: not controller.study.get_trials(states=(TrialState.RUNNING,)))
+        time.sleep(1.0)                                # the step that saw the pause returns
+        trials = completed()
+        for t in trials:
+            assert tuned(tuner.space.snap(t.params), tuner) in RAN, (t.number, t.params)
+        status = httpx.get(server.url + "/admin/tuning").json()
+        assert status["running"] and status["paused"] and status["regime"] == controller.regime.key
+        assert status["windows"] == controller.windows == len(trials)
+        missed = sum(any(v > 0 for v in t.constraints.values()) for t in trials)
+        assert status["violating_windows"] == controller.violations == missed
+        assert status["incumbent"] == controller.incumbent()
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+        told = {s.labels["action"]: s.value for s in families["autotuned:tuner_decisions"].samples
+                if s.name.endswith("_total")}
+        assert sum(told.get(a, 0) for a in ("trial", "recheck", "abort")) == len(trials)
+    finally:
+        assert httpx.post(server.url + "/admin/tuning/resume").json()["paused"] is False
 
 
 def test_pause_pin_resume(daemon):
