@@ -7,12 +7,18 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotuner.daemon import DaemonConfig, Telemetry, extra_routes
 from engine.api_server import ApiConfig
 from engine.engine_config import EngineConfig
+from engine.model_config import ModelConfig
+from engine.outputs import StepRecord
 from telemetry.device_sampler import CpuReader, open_reader
+from telemetry.hardware import DevicePeaks
+from telemetry.model_cost import ModelCost
+from telemetry.window import TelemetryWindow
 from tests.conftest import make_engine
 from tests.live_server import LiveServer
 
@@ -22,13 +28,19 @@ NAMES = ["autotuned:num_requests_running", "autotuned:num_requests_waiting", "au
          "autotuned:e2e_request_latency_seconds", "autotuned:iteration_tokens_total", "autotuned:num_preemptions",
          "autotuned:knob", "autotuned:policy_info", "autotuned:request_success", "autotuned:input_output_token_ratio",
          "autotuned:request_goodput"]
+STEPS: list[StepRecord] = []      # every step of the module's server
 
 
 @pytest.fixture(scope="module")
 def server(tiny_hf):
     api = ApiConfig(served_model_name="tiny", api_key=KEY)
     telemetry = Telemetry(DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11))
-    load = lambda: telemetry.attach(make_engine(tiny_hf[0], token_budget=32))  # noqa: E731
+
+    def load():
+        engine = telemetry.attach(make_engine(tiny_hf[0], token_budget=32))
+        engine.step_listeners.append(STEPS.append)
+        return engine
+
     with LiveServer(load, api, extra_routes(telemetry)) as s:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
         for i in range(4):
@@ -73,11 +85,55 @@ def test_admin_sets_knobs_and_policy_and_rejects_bad_ones(server):
     assert 'autotuned:policy_info{model_name="tiny",policy="adaptive"} 1.0' in text
 
 
+def flops_and_bytes(model: torch.nn.Module, config: ModelConfig, step: StepRecord) -> tuple[float, float]:
+    """One step's FLOPs and bytes counted from the engine's own modules: 2 FLOPs per weight of every
+    decoder-layer linear per token, the LM head per sampled row, 2 x 2 x head_dim per head for each
+    attended (query, key) pair (QK^T and PV); every weight read once, K and V of every attended and
+    new token read or written."""
+    layers = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    head = model.lm_head.weight.numel()
+    tokens = step.num_prefill_tokens + step.num_decode_tokens
+    flops = 2 * tokens * layers + 2 * step.num_sampled * head + 4 * config.num_layers * config.num_heads \
+        * config.head_dim * step.attended_pairs
+    kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4          # fp32
+    return flops, (layers + head) * 4 + kv * (step.context_tokens + tokens)
+
+
 def test_telemetry_window_summarises_recent_traffic(server):
+    """MFU and MBU over the window: every step's FLOPs and bytes (counted from the engine's modules)
+    over the window's length times the configured peaks (1 TFLOP/s, 100 GB/s)."""
     w = httpx.get(server.url + "/admin/telemetry?seconds=120", headers={"Authorization": f"Bearer {KEY}"}).json()
     assert w["num_finished"] >= 4 and w["ttft_p50_s"] > 0 and w["output_tokens_per_s"] > 0
     assert w["input_output_ratio"] == pytest.approx(3 / 6, rel=0.5)
-    assert 0 < w["mfu"] < 1 and 0 < w["mbu"] < 1
+    engine = server.engine
+    assert STEPS and STEPS[0].start >= time.monotonic() - 120            # every step is in the window
+    counts = [flops_and_bytes(engine.runner.model, engine.model_config, s) for s in STEPS]
+    assert w["mfu"] == pytest.approx(sum(f for f, _ in counts) / (120 * 1e12), rel=1e-9)
+    assert w["mbu"] == pytest.approx(sum(b for _, b in counts) / (120 * 1e11), rel=1e-9)
+
+
+def test_mfu_of_a_known_step():
+    """The tiny Llama (hidden 64, MLP 128, 2 layers, 4 heads of 16, 2 KV heads, vocab 300): a
+    3-token prefill of one request computes 2 x 3 x 73,728 (layer weights: 64 x 128 QKV + 64 x 64 O
+    + 3 x 64 x 128 MLP, twice) + 2 x 64 x 300 (LM head, one row) + 4 x 2 x 4 x 16 x 6 (6 causal
+    pairs) = 483,840 FLOPs; it reads 4 x (73,728 + 19,200) bytes of weights and writes 3 tokens of
+    K and V (2 x 2 x 2 x 16 x 4 = 512 bytes each). In a 2-s window on a 1 MFLOP/s, 1 MB/s device."""
+    config = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=16, max_position_embeddings=512)
+    window = TelemetryWindow(cost=ModelCost(config, 4), peaks=DevicePeaks(1e6, 1e6, "config"), clock=lambda: 10.0)
+    window.on_step(StepRecord(0, 9.0, 0.5, 3, 0, 1, 1, 0, 0, 0.1, 0, 6, 1, 0.0, 0.5, 0.0, 0.0, "sarathi", 0))
+    summary = window.window(2.0)
+    assert summary.mfu == pytest.approx(483_840 / 2e6)
+    assert summary.mbu == pytest.approx((4 * (73_728 + 19_200) + 3 * 512) / 2e6)
+
+
+def test_flop_count_matches_the_loaded_model(tiny_hf):
+    """ModelCost's closed form and the count from the engine's modules agree on the checkpoint."""
+    engine = make_engine(tiny_hf[0])
+    cost = ModelCost(engine.model_config, 4)
+    step = StepRecord(0, 0.0, 0.1, 5, 3, 2, 4, 0, 0, 0.1, 40, 60, 4, 0.0, 0.1, 0.0, 0.0, "sarathi", 0)
+    assert (cost.step_flops(step), cost.step_bytes(step)) == flops_and_bytes(engine.runner.model, engine.model_config,
+                                                                              step)
 
 
 def nvml_works() -> bool:
