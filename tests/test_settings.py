@@ -2,11 +2,20 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
+import httpx
+import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from autotuner.daemon import DaemonConfig, Telemetry, extra_routes
 from autotuner.settings import SettingsError, load_settings
-from tests.test_metrics_admin import NAMES
+from autotuner.tuner_service import TunerService
+from engine.api_server import ApiConfig
+from engine.engine_config import EngineConfig
+from tests.conftest import make_engine
+from tests.live_server import LiveServer
 
 
 def test_default_config_file_loads():
@@ -33,24 +42,49 @@ def test_bad_config_names_the_field(tmp_path, text, match):
     assert "\n" not in str(info.value)
 
 
-def test_grafana_dashboard_uses_exported_names():
+@pytest.fixture(scope="module")
+def exposed(tiny_hf, tmp_path_factory) -> dict[str, set[str]]:
+    """Sample name -> its label names, as the daemon's /metrics serves them (the engine's, the
+    telemetry's and the tuner's metrics on one registry) after two requests and a device sample."""
+    api = ApiConfig(served_model_name="tiny")
+    config = DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11)
+    telemetry = Telemetry(config)
+    tuner = TunerService(str(tmp_path_factory.mktemp("state")), config.slo, telemetry.metrics.registry,
+                         max_token_budget=256)
+    load = lambda: telemetry.attach(make_engine(tiny_hf[0], token_budget=32))  # noqa: E731
+    with LiveServer(load, api, extra_routes(telemetry, tuner)) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        for _ in range(2):                       # two arrivals: the arrival-rate gauge needs a gap
+            client.completions.create(model="tiny", prompt="w5 w6 w7", max_tokens=4, extra_body={"ignore_eos": True})
+        time.sleep(1.5)                          # the device sampler (1 s) sets MFU/MBU and device_sample
+        text = httpx.get(server.url + "/metrics").text
+    names: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            names.setdefault(sample.name, set()).update(sample.labels)
+    return names
+
+
+def test_grafana_dashboard_uses_exposed_names(exposed):
+    """Every series a panel queries is one the daemon exposes (with prometheus_client's _total and
+    _bucket suffixes), with every label the panel selects or groups by."""
     dashboard = json.load(open("configs/grafana-dashboard.json"))
-    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
-    for name in ("num_requests_running", "kv_cache_usage_perc", "time_to_first_token_seconds",
-                 "inter_token_latency_seconds", "knob"):
-        assert f"autotuned:{name}" in exprs
-    used = set(re.findall(r"autotuned:[a-z_]+", exprs))
-    exported = {n for n in NAMES} | {"autotuned:step_tokens_total", "autotuned:request_success_total",
-                                     "autotuned:model_flops_utilization", "autotuned:model_bandwidth_utilization",
-                                     "autotuned:arrival_rate_rps", "autotuned:num_preemptions_total",
-                                     "autotuned:device_sample", "autotuned:time_to_first_token_seconds_bucket",
-                                     "autotuned:inter_token_latency_seconds_bucket",
-                                     "autotuned:request_goodput_total"}
-    assert used <= exported, used - exported
-    # request-level series carry an slo_class label: panels must aggregate it away (or group by it)
-    per_request = ("time_to_first_token", "inter_token_latency", "e2e_request", "request_success", "request_goodput")
-    for expr in (t["expr"] for p in dashboard["panels"] for t in p["targets"]):
-        if any(f"autotuned:{m}" in expr for m in per_request):
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"autotuned:[a-z_]+", expr)}
+    for name in ("num_requests_running", "kv_cache_usage_perc", "time_to_first_token_seconds_bucket",
+                 "inter_token_latency_seconds_bucket", "knob"):
+        assert f"autotuned:{name}" in used
+    assert used <= set(exposed), sorted(used - set(exposed))
+    for expr in exprs:
+        series = re.findall(r"(autotuned:[a-z_]+)(\{[^}]*\})?", expr)
+        labels = set().union(*(exposed[name] for name, _ in series))
+        for name, selector in series:
+            selected = set(re.findall(r"([a-z_]+)\s*[=!]~?", selector))
+            assert selected <= exposed[name], (expr, selected - exposed[name])
+        grouped = {label.strip() for group in re.findall(r"by \(([^)]*)\)", expr) for label in group.split(",")}
+        assert grouped <= labels, (expr, grouped - labels)
+        # request-level series carry an slo_class label: panels must aggregate it away (or group by it)
+        if "slo_class" in labels:
             assert "sum by (" in expr, expr
 
 
