@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import threading
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Response
@@ -51,7 +50,6 @@ class Telemetry:
         self.metrics = PrometheusMetrics(config.api.served_model_name, slo=config.slo)
         self.sampler: DeviceSampler | None = None
         self._knobs_seen: tuple[str, int] | None = None
-        self._lock = threading.Lock()
 
     def attach(self, engine: LLMEngine) -> LLMEngine:
         cfg = self.config

@@ -46,13 +46,6 @@ class ModelConfig:
         """Bytes of K and V per token across all layers, per byte of element size."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
-    def num_parameters(self) -> int:
-        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
-        attn = h * d * (self.num_heads + 2 * self.num_kv_heads) + self.num_heads * d * h
-        layer = attn + 3 * h * i + 2 * h
-        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + embed + h
-
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelConfig":
         """From a Hugging Face config.json (Llama, Mistral, Qwen2 and SmolLM2 layouts)."""

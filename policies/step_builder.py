@@ -32,10 +32,6 @@ class StepBuilder:
     def running(self) -> list[SequenceState]:
         return self._running
 
-    def is_running(self, seq: SequenceState) -> bool:
-        """Was running at the start of the step and has not been preempted since."""
-        return seq.request_id not in self._preempted
-
     def decodes(self) -> list[SequenceState]:
         return list(self._split_running()[0])
 
