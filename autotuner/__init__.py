@@ -1,1 +1,2 @@
-"""The online controller (search space, objective, Optuna loop) and the command line that composes everything."""
+"""The online tuner: regimes, search space, objective, the Optuna controller and its service in the
+daemon, the simulator-backed warm start, and `tune --simulate`'s what-if run."""

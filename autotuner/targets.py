@@ -7,7 +7,7 @@ import threading
 import time
 
 from engine.llm_engine import LLMEngine
-from engine.simulator import Simulator
+from simulation.simulator import Simulator
 from policies import Knobs
 from telemetry.window import Arrival, TelemetryWindow, WindowSummary
 

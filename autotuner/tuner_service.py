@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from autotuner.background import BackgroundRunner
 from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings
 from autotuner.search_space import CONFIG, load_search_space
-from autotuner.simulation import find_cost_model
+from simulation.cost_model_files import find_cost_model
 from autotuner.targets import EngineTarget
 from autotuner.tuner_state import TunerState
 from autotuner.warm_start import SimulatorWarmStart, background_runner, search, slo_token_budget
-from engine.live_cost_model import LiveCostModel
+from simulation.live_cost_model import LiveCostModel
 from engine.llm_engine import LLMEngine
 from telemetry.prometheus import P
 from telemetry.window import SLO, TelemetryWindow

@@ -16,9 +16,9 @@ from autotuner.background import BackgroundRunner, throttle
 from autotuner.objective import score, slo_excess
 from autotuner.regime import Regime
 from autotuner.search_space import SearchSpace
-from autotuner.simulation import simulate
-from autotuner.workload import RequestSpec
-from engine.cost_model import CostModel
+from simulation.workload_run import simulate
+from loadgen.workload import RequestSpec
+from simulation.cost_model import CostModel
 from engine.outputs import RequestRecord
 from policies import Knobs
 from telemetry.window import SLO, WindowSummary

@@ -15,9 +15,9 @@ import tempfile
 
 from bench_common import MachineInfo, emit_summary
 from tuning_shift import start_daemon, stop_daemon
-from autotuner.bench_client import BenchOptions, make_prompts, run_bench
-from autotuner.prompts import PromptSource, load_prompt_tokenizer
-from autotuner.workload import generate, load_workload
+from loadgen.bench_client import BenchOptions, make_prompts, run_bench
+from loadgen.prompts import PromptSource, load_prompt_tokenizer
+from loadgen.workload import generate, load_workload
 from telemetry.window import SLO
 
 

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotuner.cli_tuning import parse_knobs
-from autotuner.simulation import find_cost_model, simulate
-from autotuner.workload import generate, load_workload
-from engine.cost_model import CostModel
+from serving.cli_tuning import parse_knobs
+from simulation.cost_model_files import find_cost_model
+from simulation.workload_run import simulate
+from loadgen.workload import generate, load_workload
+from simulation.cost_model import CostModel
 from engine.outputs import RequestRecord
 from engine.slo_class import shipped_slo_classes
 from policies import Knobs

@@ -17,8 +17,8 @@ from dataclasses import replace
 
 from scipy.optimize import brentq
 
-from engine.hardware_profile import HardwareProfile, ModelShape, load_profile
-from engine.profile_cost_model import StepTerms
+from simulation.hardware_profile import HardwareProfile, ModelShape, load_profile
+from simulation.profile_cost_model import StepTerms
 
 LLAMA2_7B = ModelShape("Llama-2-7B", 32, 4096, 11008, 32, 32, 128, 32000, 13.5e9)
 LLAMA3_8B = ModelShape("Llama-3-8B", 32, 4096, 14336, 32, 8, 128, 128256, 16.06e9)

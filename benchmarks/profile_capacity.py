@@ -6,7 +6,7 @@ whole prompts first, decodes only in steps without a prefill; max batch 128 as t
 with vLLM V1's default (chunked prefill at 2048 tokens) and this project's deadline policy beside.
 
 The paper bounds the median scheduling delay (arrival to first scheduled) at 2 s; the capacity
-search here (autotuner/capacity.py) bounds the median TTFT, which adds the prompt's own prefill
+search here (loadgen/capacity.py) bounds the median TTFT, which adds the prompt's own prefill
 time, so its bound is 2 s plus a margin for that (--slo-ttft-s, default 3 s). Each probe is one
 seeded open-loop run of --requests requests (the paper: 2048) through the simulator.
 
@@ -22,10 +22,10 @@ import json
 import time
 from dataclasses import dataclass
 
-from autotuner.capacity import CapacityCriteria, search_capacity
-from autotuner.simulation import simulated_probe
-from autotuner.workload import load_workload
-from engine.profile_cost_model import ProfileCostModel
+from loadgen.capacity import CapacityCriteria, search_capacity
+from simulation.workload_run import simulated_probe
+from loadgen.workload import load_workload
+from simulation.profile_cost_model import ProfileCostModel
 from policies import Knobs
 from telemetry.window import SLO
 

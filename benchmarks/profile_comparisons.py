@@ -12,9 +12,9 @@ profile does not claim to reproduce, and by how much it differs (docs/hardware_p
 
 from __future__ import annotations
 
-from engine.hardware_profile import Measure
-from engine.profile_checks import measure_ms
-from engine.profile_cost_model import ProfileCostModel
+from simulation.hardware_profile import Measure
+from simulation.profile_checks import measure_ms
+from simulation.profile_cost_model import ProfileCostModel
 
 # (measure, published ms): decode token time averages 128 tokens after a 512-token prompt
 SPLITWISE_H100_TP2 = (

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autotuner.workload import load_workload
+from loadgen.workload import load_workload
 
 TUNED_KNOBS = ("token_budget", "step_headroom", "error_budget", "prefill_priority", "max_num_seqs",
                "kv_admission_watermark")

@@ -151,7 +151,7 @@ def step(sched: Scheduler) -> tuple[float, int]:
 
 def measure_overhead(policy: str, n: int, context: int, steps: int, warmup: int) -> OverheadStats:
     gc.collect()
-    gc.freeze()    # what exists before the requests, as the daemon freezes after start-up (autotuner/daemon.py)
+    gc.freeze()    # what exists before the requests, as the daemon freezes after start-up (serving/daemon.py)
     budget = max(2048, n)
     prefill_steps = -(-n * context // budget) + 1   # early requests decode while later ones prefill
     sched = steady_scheduler(n, context, max_tokens=prefill_steps + warmup + steps + 8)

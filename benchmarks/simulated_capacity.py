@@ -1,7 +1,7 @@
 """Capacity under the SLO on the simulator: Sarathi-Serve's bracketed binary search per policy and
 token budget, each probe one seeded open-loop run of the workload through the calibrated cost model.
 
-The same search as `autotuned-serve capacity` (autotuner/capacity.py) with the simulator as the
+The same search as `autotuned-serve capacity` (loadgen/capacity.py) with the simulator as the
 server, so a whole table takes seconds; what it predicts is only as good as the cost model
 (docs/simulator.md gives its accuracy against the real engine).
 
@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from autotuner.capacity import CapacityCriteria, search_capacity
-from autotuner.cli_tuning import parse_knobs
-from autotuner.simulation import find_cost_model, simulate
-from autotuner.workload import generate, load_workload
-from engine.cost_model import CostModel
+from loadgen.capacity import CapacityCriteria, search_capacity
+from serving.cli_tuning import parse_knobs
+from simulation.cost_model_files import find_cost_model
+from simulation.workload_run import simulate
+from loadgen.workload import generate, load_workload
+from simulation.cost_model import CostModel
 from policies import Knobs
 from telemetry.window import SLO
 

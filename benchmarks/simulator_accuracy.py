@@ -18,11 +18,12 @@ import time
 from collections import deque
 
 from bench_common import MachineInfo, OtherLoad, emit_summary
-from autotuner.prompts import PromptSource
-from autotuner.simulation import find_cost_model, simulate
-from autotuner.workload import RequestSpec, generate, load_workload
+from loadgen.prompts import PromptSource
+from simulation.cost_model_files import find_cost_model
+from simulation.workload_run import simulate
+from loadgen.workload import RequestSpec, generate, load_workload
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.cost_model import CostModel, StepShape
+from simulation.cost_model import CostModel, StepShape
 from engine.outputs import RequestRecord, StepRecord
 from policies import Knobs
 from telemetry.latency_summary import summarize_requests

@@ -1,6 +1,6 @@
 """How long the daemon's start-up calibration takes, and how well its fit predicts held-out steps,
 against the full `autotuned-serve calibrate` fit shipped in configs/ (the daemon runs this where no
-cost model describes its model, dtype and machine; autotuner/startup_cost_model.py).
+cost model describes its model, dtype and machine; simulation/startup_cost_model.py).
 
     python benchmarks/startup_calibration.py [--model PATH] [--dtype fp32]
 """
@@ -11,12 +11,12 @@ import argparse
 import json
 import time
 
-from autotuner.calibrate import calibrate
-from autotuner.simulation import SHIPPED_COST_MODEL
-from autotuner.startup_cost_model import START_UP_GRID_S, START_UP_LIVE_REQUESTS, START_UP_POINTS
+from simulation.calibrate import calibrate
+from simulation.cost_model_files import SHIPPED_COST_MODEL
+from simulation.startup_cost_model import START_UP_GRID_S, START_UP_LIVE_REQUESTS, START_UP_POINTS
 from engine import EngineConfig, LLMEngine
-from engine.cost_model import CostModel
-from engine.machine import machine_fingerprint
+from simulation.cost_model import CostModel
+from simulation.machine import machine_fingerprint
 
 
 def main() -> None:

@@ -24,10 +24,10 @@ from typing import Any
 
 from autotuner.controller import ControllerSettings
 from autotuner.search_space import SearchSpace, load_search_space
-from autotuner.sim_tuning import (best_of, evaluate_static, good_by_phase, static_grid, tune_on_simulator,
+from autotuner.simulated_tuning import (best_of, evaluate_static, good_by_phase, static_grid, tune_on_simulator,
                                   violating_fraction)
-from autotuner.simulation import resolve_cost_model
-from autotuner.workload import generate, load_workload
+from simulation.cost_model_files import resolve_cost_model
+from loadgen.workload import generate, load_workload
 from policies import Knobs
 from telemetry.latency_summary import summarize_requests
 from telemetry.window import SLO

@@ -4,7 +4,7 @@ vLLM-like defaults (sarathi = vLLM V1's chunked prefill, FCFS, token budget 2048
 
 Each configuration gets its own daemon (bundled SmolLM2, fresh state dir, same port) and the same
 seeded requests from the open-loop bench client; the daemons run one after another, never side by
-side. "Best static" is the simulator's grid search (`autotuner.sim_tuning.best_static`) on these
+side. "Best static" is the simulator's grid search (`autotuner.simulated_tuning.best_static`) on these
 requests with the shipped cost model: found offline, as an operator would. Reported per
 configuration: goodput (requests/s meeting both SLOs), SLO attainment, the share of 30-s windows
 (by finish time) that broke the SLO, and for the tuned daemon its own windows (controller).
@@ -30,12 +30,12 @@ import httpx
 import yaml
 
 from bench_common import MachineInfo, emit_summary
-from autotuner.bench_client import BenchOptions, make_prompts, run_bench
-from autotuner.prompts import PromptSource, load_prompt_tokenizer
+from loadgen.bench_client import BenchOptions, make_prompts, run_bench
+from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from autotuner.search_space import load_search_space
-from autotuner.sim_tuning import VLLM_DEFAULTS, best_static, violating_fraction
-from autotuner.simulation import find_cost_model
-from autotuner.workload import RequestSpec, generate, load_workload
+from autotuner.simulated_tuning import VLLM_DEFAULTS, best_static, violating_fraction
+from simulation.cost_model_files import find_cost_model
+from loadgen.workload import RequestSpec, generate, load_workload
 from engine.outputs import RequestRecord
 from telemetry.window import SLO
 
@@ -75,7 +75,7 @@ def start_daemon(settings: dict, workdir: str) -> subprocess.Popen:
     with open(config, "w") as f:
         yaml.safe_dump(settings, f)
     log = open(os.path.join(workdir, "daemon.log"), "w")
-    proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "serve", "--config", config],
+    proc = subprocess.Popen([sys.executable, "-m", "serving.cli", "serve", "--config", config],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{settings['port']}/health"   # 200 once the model is loaded
     deadline = time.monotonic() + 300

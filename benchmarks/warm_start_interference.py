@@ -34,11 +34,11 @@ import yaml
 
 from bench_common import MachineInfo, OtherLoad, emit_summary
 from tuning_shift import start_daemon, stop_daemon
-from autotuner.bench_client import BenchOptions, make_prompts, run_bench
-from autotuner.prompts import PromptSource, load_prompt_tokenizer
+from loadgen.bench_client import BenchOptions, make_prompts, run_bench
+from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from autotuner.search_space import CONFIG as TUNING_CONFIG
 from autotuner.tuner_service import TUNING_CONFIG_ENV
-from autotuner.workload import generate, load_workload
+from loadgen.workload import generate, load_workload
 from telemetry.window import SLO
 
 DEFAULT_SETTINGS = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"

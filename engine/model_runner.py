@@ -65,10 +65,7 @@ class ModelRunner:
         return StepOutput(dict(zip(ids, picks)), logits if return_logits else None, StepTiming(t1 - t0, t2 - t1, t3 - t2))
 
     def _prepare(self, scheduled: list[ScheduledRequest]) -> tuple[BatchLayout, np.ndarray, np.ndarray]:
-        num_decodes = 0
-        for s in scheduled:
-            if s.num_tokens == 1 and s.context_len >= s.request.num_prompt_tokens:
-                num_decodes += 1
+        num_decodes = sum(1 for s in scheduled if s.is_decode)
         input_ids = np.fromiter((t for s in scheduled for t in s.request.token_ids(s.context_len,
                                  s.context_len + s.num_tokens)), dtype=np.int64)
         layout = BatchLayout(

@@ -21,7 +21,7 @@ from engine.error_budget import ErrorBudget
 from engine.request import FinishReason, Request, RequestStatus
 from policies import BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
-from policies.view import StepCost
+from policies.view import StepCost, is_decode_work
 
 
 class ScheduledRequest(NamedTuple):   # a named tuple: made for every request every step, cheaper than a frozen dataclass
@@ -36,8 +36,7 @@ class ScheduledRequest(NamedTuple):   # a named tuple: made for every request ev
 
     @property
     def is_decode(self) -> bool:
-        """One new token past a fully computed prompt (a resumed request recomputes as a prefill)."""
-        return self.num_tokens == 1 and self.context_len >= self.request.num_prompt_tokens
+        return is_decode_work(self.num_tokens, self.context_len, self.request.num_prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -56,13 +55,13 @@ class ScheduleResult:
     @staticmethod
     def of(scheduled: list[ScheduledRequest], num_preempted: int, knobs: Knobs, policy: str) -> ScheduleResult:
         """Orders `scheduled` in place, decodes first (stable), and sums what the step computes.
-        One pass with is_decode and samples inlined: it runs for every request every step."""
+        One pass with `samples` inlined: it runs for every request every step."""
         decodes, others = [], []
         tokens = context = pairs = sampled = 0
         for s in scheduled:
             n, c, request = s.num_tokens, s.context_len, s.request
             num_prompt = request.num_prompt_tokens
-            if n == 1 and c >= num_prompt:
+            if is_decode_work(n, c, num_prompt):
                 decodes.append(s)
                 pairs += c + 1
             else:

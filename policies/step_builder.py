@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from policies.knobs import Knobs
 from policies.plan import BatchPlan, ScheduledChunk
-from policies.view import SchedulerView, SequenceState, remaining_tokens
+from policies.view import SchedulerView, SequenceState, is_decode_work, remaining_tokens
 
 _NOTHING = (0, 0)
 
@@ -40,7 +40,7 @@ class StepBuilder:
 
     def _split_running(self) -> tuple[list[SequenceState], list[SequenceState]]:
         """(decodes, partial prefills) among the requests still running, in admission order, in one
-        pass with is_decode() inlined (this runs for every request every step). Kept until the next
+        pass (this runs for every request every step). Kept until the next
         preemption: a plan changes no request, only which ones are still running."""
         if self._split is not None and self._split_at == len(self._preempted):
             return self._split
@@ -49,7 +49,7 @@ class StepBuilder:
             if preempted and s.request_id in preempted:
                 continue
             computed = s.num_computed_tokens
-            if computed >= s.num_prompt_tokens and s.num_tokens - computed == 1:
+            if is_decode_work(s.num_tokens - computed, computed, s.num_prompt_tokens):
                 decodes.append(s)
             else:
                 prefills.append(s)

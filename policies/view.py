@@ -39,7 +39,7 @@ class SequenceState(Protocol):
 
 
 class StepCost(Protocol):
-    """A step-time model (engine.cost_model.CostModel has it): seconds for a step of this shape."""
+    """A step-time model (simulation.cost_model.CostModel has it): seconds for a step of this shape."""
 
     tile_tokens: int                             # prefill chunks of a multiple of this are cheapest per token
 
@@ -56,9 +56,15 @@ def decode_tokens_left(seq: SequenceState) -> int:
     return max(0, seq.max_tokens - seq.num_output_tokens)
 
 
+def is_decode_work(num_new_tokens: int, num_computed: int, num_prompt_tokens: int) -> bool:
+    """The one definition of a decode: one new token past a fully computed prompt. A resumed
+    (preempted) request recomputes its outputs too, so it is a prefill until it has caught up."""
+    return num_new_tokens == 1 and num_computed >= num_prompt_tokens
+
+
 def is_decode(seq: SequenceState) -> bool:
-    """One new token past a fully computed prompt (a resumed request recomputes as a prefill)."""
-    return seq.num_computed_tokens >= seq.num_prompt_tokens and remaining_tokens(seq) == 1
+    """Whether this running request's next step is a decode."""
+    return is_decode_work(remaining_tokens(seq), seq.num_computed_tokens, seq.num_prompt_tokens)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import httpx
 import uvicorn
 
-from engine.api_server import ApiConfig, ServerState
-from engine.http_server import make_app
+from serving.api_server import ApiConfig, ServerState
+from serving.http_server import make_app
 from engine.llm_engine import LLMEngine
 
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from engine.api_server import ApiConfig
+from serving.api_server import ApiConfig
 from tests.conftest import make_engine
 from tests.live_server import LiveServer
 

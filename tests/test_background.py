@@ -18,13 +18,13 @@ from autotuner.background import BackgroundRunner, throttle
 from autotuner.controller import Controller, ControllerSettings
 from autotuner.live_sampler import BackgroundTPE, SampleJob, sample
 from autotuner.search_space import load_search_space
-from autotuner.simulation import make_simulator
+from simulation.workload_run import make_simulator
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_service import TunerService
 from autotuner.tuner_state import TunerState
 from autotuner.warm_start import SimulatorWarmStart, WarmStartJob, search
-from autotuner.workload import generate, load_workload
-from engine.cost_model import CostModel
+from loadgen.workload import generate, load_workload
+from simulation.cost_model import CostModel
 from policies import Knobs
 from telemetry.window import SLO, TelemetryWindow
 

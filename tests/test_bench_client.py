@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from autotuner.bench_client import BenchOptions, bench_workload
-from autotuner.capacity import CapacityCriteria, search_capacity
-from autotuner.cli import main
-from autotuner.prompts import PromptSource, load_prompt_tokenizer
-from autotuner.workload import parse_workload
-from engine.api_server import ApiConfig
+from loadgen.bench_client import BenchOptions, bench_workload
+from loadgen.capacity import CapacityCriteria, search_capacity
+from serving.cli import main
+from loadgen.prompts import PromptSource, load_prompt_tokenizer
+from loadgen.workload import parse_workload
+from serving.api_server import ApiConfig
 from telemetry.window import SLO
 from tests.conftest import make_engine
 from tests.live_server import LiveServer
@@ -49,7 +49,7 @@ WORDS = " ".join(f"w{i}" for i in range(3, 300))   # the tiny model's word vocab
 
 
 def test_bench_command_gives_sane_metrics_and_files(server, tiny_hf, workload_path, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("autotuner.prompts.TEXT", WORDS)
+    monkeypatch.setattr("loadgen.prompts.TEXT", WORDS)
     out = tmp_path / "out"
     assert main(["bench", "--base-url", server.url + "/v1", "--workload", workload_path, "--num-requests", "12",
                  "--tokenizer", tiny_hf[0], "--out-dir", str(out), "--no-progress", "--max-duration-s", "60"]) == 0
@@ -119,7 +119,7 @@ def test_unreachable_server_is_one_line(tiny_hf, capsys):
 
 
 def test_search_with_a_live_probe_is_reusable(server, tiny_hf):
-    from autotuner.bench_client import live_probe
+    from loadgen.bench_client import live_probe
 
     source = PromptSource(load_prompt_tokenizer(tiny_hf[0]), text=WORDS)
     workload = parse_workload("w", {"phases": [{"lengths": {"kind": "fixed", "prompt": 8, "output": 4}}]})
@@ -129,8 +129,8 @@ def test_search_with_a_live_probe_is_reusable(server, tiny_hf):
 
 
 def test_requests_carry_their_slo_class_to_the_server_and_the_summary(server, tiny_hf, monkeypatch):
-    from autotuner.bench_client import make_prompts, run_bench
-    from autotuner.workload import RequestSpec
+    from loadgen.bench_client import make_prompts, run_bench
+    from loadgen.workload import RequestSpec
     from telemetry.latency_summary import class_lines
 
     seen: dict[int, str] = {}     # prompt length -> the class the server gave the request

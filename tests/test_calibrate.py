@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from autotuner import calibrate as calibrate_module
-from autotuner.calibrate import GridPoint, build_step, calibrate, grid
+from simulation import calibrate as calibrate_module
+from simulation.calibrate import GridPoint, build_step, calibrate, grid
 from tests.conftest import assert_no_kv_leak, make_engine
 
 
@@ -36,9 +36,9 @@ def test_a_built_step_holds_exactly_its_blocks(tiny_hf):
 def test_the_daemon_uses_only_a_cost_model_of_its_own_machine(tiny_hf, monkeypatch, tmp_path):
     """A calibration from another machine (a fake fingerprint) is passed over: the daemon calibrates
     at start-up, or with --no-calibrate says it runs on the shipped model's shape at the live speed."""
-    from autotuner import startup_cost_model
-    from engine.cost_model import CostModel
-    from engine.live_cost_model import UNCALIBRATED_RANGE, LiveCostModel
+    from simulation import startup_cost_model
+    from simulation.cost_model import CostModel
+    from simulation.live_cost_model import UNCALIBRATED_RANGE, LiveCostModel
 
     monkeypatch.setattr(calibrate_module, "MAX_RETAKES", 0)
     monkeypatch.setattr(startup_cost_model, "START_UP_GRID_S", 0.0)        # the fewest points: a test, not a fit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotuner.capacity import CapacityCriteria, search_capacity
+from loadgen.capacity import CapacityCriteria, search_capacity
 from telemetry.latency_summary import LatencySummary
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from autotuner.cli import main
+from serving.cli import main
 
 
 def test_generate_prints_the_completion(tiny_hf, capsys):
@@ -15,3 +15,15 @@ def test_bad_arguments_give_one_line_errors(capsys):
     assert err.startswith("autotuned-serve: error: unknown model") and "\n" not in err
     assert main(["generate", "hi", "--model", "tiny", "--max-tokens", "0"]) == 2
     assert "max_tokens must be at least 1" in capsys.readouterr().err
+
+
+def test_a_device_without_cuda_or_unknown_is_a_one_line_error(capsys):
+    """--device reaches the settings; where CUDA is absent (this test's premise) asking for it fails at once."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    assert main(["--device", "cuda", "--port", "1"]) == 2
+    assert capsys.readouterr().err.strip() == "autotuned-serve: error: device cuda: CUDA is not available on this machine"
+    assert main(["serve", "--device", "tpu"]) == 2
+    assert "device must be cpu, cuda or cuda:N" in capsys.readouterr().err

@@ -13,12 +13,12 @@ from optuna.trial import TrialState, create_trial
 from autotuner.controller import Controller, ControllerSettings, best_configuration
 from autotuner.regime import DriftDetector
 from autotuner.search_space import load_search_space
-from autotuner.sim_tuning import STATIC_BUDGETS, RunResult, evaluate_static, per_phase_best_goodput, tune_on_simulator
-from autotuner.simulation import make_simulator, simulate
+from autotuner.simulated_tuning import STATIC_BUDGETS, RunResult, evaluate_static, per_phase_best_goodput, tune_on_simulator
+from simulation.workload_run import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
-from autotuner.workload import RequestSpec, generate, load_workload, parse_workload
-from engine.cost_model import CostModel
+from loadgen.workload import RequestSpec, generate, load_workload, parse_workload
+from simulation.cost_model import CostModel
 from policies import Knobs
 from telemetry.window import SLO, TelemetryWindow
 

@@ -19,7 +19,7 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_zero(tiny_hf, tmp_path
     port = free_port()
     # --no-calibrate: no cost model describes the tiny model, and its start-up calibration is
     # tested in test_calibrate; here it would only lengthen the start
-    proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "serve", "--model", tiny_hf[0], "--dtype", "fp32",
+    proc = subprocess.Popen([sys.executable, "-m", "serving.cli", "serve", "--model", tiny_hf[0], "--dtype", "fp32",
                              "--port", str(port), "--grace-s", "20", "--state-dir", str(tmp_path), "--no-calibrate"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

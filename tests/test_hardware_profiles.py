@@ -9,15 +9,16 @@ import pickle
 
 import pytest
 
-from autotuner.cli import main
+from serving.cli import main
 from autotuner.search_space import load_search_space
-from autotuner.simulation import resolve_cost_model, simulate, simulated_probe
+from simulation.cost_model_files import resolve_cost_model
+from simulation.workload_run import simulate, simulated_probe
 from autotuner.warm_start import slo_token_budget
-from autotuner.workload import RequestSpec, load_workload
-from engine.cost_model import StepShape
-from engine.hardware_profile import load_profile, parse_profile, profile_names, read_profile, PROFILES_DIR
-from engine.profile_checks import TOLERANCE, run_checks
-from engine.profile_cost_model import ProfileCostModel
+from loadgen.workload import RequestSpec, load_workload
+from simulation.cost_model import StepShape
+from simulation.hardware_profile import load_profile, parse_profile, profile_names, read_profile, PROFILES_DIR
+from simulation.profile_checks import TOLERANCE, run_checks
+from simulation.profile_cost_model import ProfileCostModel
 from policies import Knobs
 from telemetry.window import SLO
 
@@ -182,7 +183,7 @@ def test_tune_without_the_ablation_skips_the_plain_budget_grid(capsys, tmp_path)
 
 
 def test_per_phase_best_knobs_picks_each_phases_own_best():
-    from autotuner.sim_tuning import RunResult, per_phase_best_goodput, per_phase_best_knobs
+    from autotuner.simulated_tuning import RunResult, per_phase_best_goodput, per_phase_best_knobs
 
     grid = [({"token_budget": 256}, RunResult(1.0, None, 0.0, 10.0, {"a": 8, "b": 2})),
             ({"token_budget": 2048}, RunResult(1.0, None, 0.0, 10.0, {"a": 3, "b": 7}))]

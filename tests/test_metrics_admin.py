@@ -10,8 +10,10 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from autotuner.daemon import DaemonConfig, Telemetry, extra_routes
-from engine.api_server import ApiConfig
+from serving.daemon import extra_routes
+from serving.daemon_config import DaemonConfig
+from serving.daemon_telemetry import DaemonTelemetry
+from serving.api_server import ApiConfig
 from engine.engine_config import EngineConfig
 from engine.model_config import ModelConfig
 from engine.outputs import StepRecord
@@ -34,7 +36,7 @@ STEPS: list[StepRecord] = []      # every step of the module's server
 @pytest.fixture(scope="module")
 def server(tiny_hf):
     api = ApiConfig(served_model_name="tiny", api_key=KEY)
-    telemetry = Telemetry(DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11))
+    telemetry = DaemonTelemetry(DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11))
 
     def load():
         engine = telemetry.attach(make_engine(tiny_hf[0], token_budget=32))

@@ -6,8 +6,10 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from autotuner.daemon import DaemonConfig, Telemetry, extra_routes
-from engine.api_server import ApiConfig
+from serving.daemon import extra_routes
+from serving.daemon_config import DaemonConfig
+from serving.daemon_telemetry import DaemonTelemetry
+from serving.api_server import ApiConfig
 from engine.engine_config import EngineConfig
 from tests.conftest import make_engine
 from tests.live_server import LiveServer
@@ -16,7 +18,7 @@ from tests.live_server import LiveServer
 @pytest.fixture(scope="module")
 def live(tiny_hf):
     api = ApiConfig(served_model_name="tiny", default_max_tokens=8)
-    telemetry = Telemetry(DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11))
+    telemetry = DaemonTelemetry(DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11))
     load = lambda: telemetry.attach(make_engine(tiny_hf[0], num_kv_blocks=256))  # noqa: E731
     with LiveServer(load, api, extra_routes(telemetry)) as server:
         yield server

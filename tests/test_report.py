@@ -14,9 +14,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotuner.cli import main
-from autotuner.report import WINDOW_KEYS, TuningReport, build_report
-from autotuner.report_render import render_csv, render_json
+from serving.cli import main
+from serving.report import WINDOW_KEYS, TuningReport, build_report
+from serving.report_render import render_csv, render_json
 
 A, B = "io=2^3|rate=2^-1|kv=low", "io=2^0|rate=2^1|kv=high"
 DISTS = {"token_budget": IntDistribution(32, 2048, log=True), "prefill_priority": FloatDistribution(0, 1),

@@ -9,10 +9,12 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from autotuner.daemon import DaemonConfig, Telemetry, extra_routes
-from autotuner.settings import SettingsError, load_settings
+from serving.daemon import extra_routes
+from serving.daemon_config import DaemonConfig
+from serving.daemon_telemetry import DaemonTelemetry
+from serving.settings import SettingsError, load_settings
 from autotuner.tuner_service import TunerService
-from engine.api_server import ApiConfig
+from serving.api_server import ApiConfig
 from engine.engine_config import EngineConfig
 from tests.conftest import make_engine
 from tests.live_server import LiveServer
@@ -48,7 +50,7 @@ def exposed(tiny_hf, tmp_path_factory) -> dict[str, set[str]]:
     telemetry's and the tuner's metrics on one registry) after two requests and a device sample."""
     api = ApiConfig(served_model_name="tiny")
     config = DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11)
-    telemetry = Telemetry(config)
+    telemetry = DaemonTelemetry(config)
     tuner = TunerService(str(tmp_path_factory.mktemp("state")), config.slo, telemetry.metrics.registry,
                          max_token_budget=256)
     load = lambda: telemetry.attach(make_engine(tiny_hf[0], token_budget=32))  # noqa: E731
@@ -121,7 +123,7 @@ def test_bad_slo_classes_file_is_one_line(tmp_path, text, match):
 
 
 def test_serve_flag_names_the_slo_classes_file(tmp_path, capsys):
-    from autotuner.cli import main
+    from serving.cli import main
 
     assert main(["serve", "--slo-classes", str(tmp_path / "missing.yaml")]) == 2   # fails before loading a model
     err = capsys.readouterr().err.strip()

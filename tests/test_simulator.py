@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from autotuner.cli import main
-from autotuner.simulation import SHIPPED_COST_MODEL, find_cost_model, simulate
-from autotuner.workload import RequestSpec, generate, load_workload
-from engine.cost_model import FEATURES, CostModel, StepShape, fit_cost_model
-from engine.simulator import Simulator
+from serving.cli import main
+from simulation.cost_model_files import SHIPPED_COST_MODEL, find_cost_model
+from simulation.workload_run import simulate
+from loadgen.workload import RequestSpec, generate, load_workload
+from simulation.cost_model import FEATURES, CostModel, StepShape, fit_cost_model
+from simulation.simulator import Simulator
 from policies import POLICIES, Knobs
 
 
@@ -181,7 +182,7 @@ def test_an_unreadable_state_dir_calibration_falls_back_to_the_shipped_one(tmp_p
 def test_online_cost_model_follows_the_machine_speed_without_extrapolating():
     """Live steps all at one small budget running 1.5x slower than calibrated: the daemon's model
     becomes 1.5x slower at every size, including sizes the live steps never had."""
-    from engine.live_cost_model import MIN_LIVE_STEPS, LiveCostModel
+    from simulation.live_cost_model import MIN_LIVE_STEPS, LiveCostModel
     from engine.outputs import StepRecord
 
     base = CostModel.load(SHIPPED_COST_MODEL)
@@ -199,7 +200,7 @@ def test_live_cost_model_keeps_the_schedulers_copy_to_the_live_speed():
     """The engine's scheduler (the deadline policy's pricing) follows the live speed, with or without the tuner."""
     from types import SimpleNamespace
 
-    from engine.live_cost_model import MIN_LIVE_STEPS, REFRESH_EVERY_STEPS, LiveCostModel
+    from simulation.live_cost_model import MIN_LIVE_STEPS, REFRESH_EVERY_STEPS, LiveCostModel
     from engine.outputs import StepRecord
 
     base = CostModel.load(SHIPPED_COST_MODEL)

@@ -13,11 +13,13 @@ import pytest
 from optuna.trial import TrialState
 from prometheus_client.parser import text_string_to_metric_families
 
-from autotuner.cli import main
+from serving.cli import main
 from autotuner.controller import ControllerSettings
-from autotuner.daemon import DaemonConfig, Telemetry, extra_routes
+from serving.daemon import extra_routes
+from serving.daemon_config import DaemonConfig
+from serving.daemon_telemetry import DaemonTelemetry
 from autotuner.tuner_service import TunerService
-from engine.api_server import ApiConfig
+from serving.api_server import ApiConfig
 from engine.engine_config import EngineConfig
 from telemetry.window import SLO
 from tests.conftest import make_engine
@@ -32,7 +34,7 @@ def daemon(tiny_hf, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("state")
     api = ApiConfig(served_model_name="tiny")
     config = DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11, slo=SLO(2.0, 0.25))
-    telemetry = Telemetry(config)
+    telemetry = DaemonTelemetry(config)
     tuner = TunerService(str(state_dir), config.slo, telemetry.metrics.registry, max_token_budget=256,
                          settings=ControllerSettings.load(**WINDOWS))
 

@@ -6,14 +6,14 @@ import optuna
 
 from autotuner.controller import Controller, ControllerSettings
 from autotuner.search_space import load_search_space
-from autotuner.sim_tuning import grid_points, tune_on_simulator
-from autotuner.simulation import make_simulator, simulate
+from autotuner.simulated_tuning import grid_points, tune_on_simulator
+from simulation.workload_run import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
 from autotuner.warm_start import (SimulatorWarmStart, WarmStartJob, best_configurations, observed_workload, search,
                                   slo_token_budget)
-from autotuner.workload import generate, load_workload
-from engine.cost_model import CostModel
+from loadgen.workload import generate, load_workload
+from simulation.cost_model import CostModel
 from policies import Knobs
 from telemetry.window import SLO, TelemetryWindow
 

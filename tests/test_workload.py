@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from autotuner.workload import (ArrivalProcess, Phase, RequestSpec, Workload, generate, load_workload,
+from loadgen.workload import (ArrivalProcess, Phase, RequestSpec, Workload, generate, load_workload,
                                 parse_workload, preset_names)
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from autotuner.report import WINDOW_KEYS, Decision, Outcome, RegimeReport, TrialRow, TuningReport, ordered_knobs
+from serving.report import WINDOW_KEYS, Decision, Outcome, RegimeReport, TrialRow, TuningReport, ordered_knobs
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
 # Optuna's matplotlib plots draw through pyplot, whose figure registry and style are process-global

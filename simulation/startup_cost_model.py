@@ -4,7 +4,7 @@ a short calibration, or (with --no-calibrate) the shipped one scaled by the live
 A cost model fitted elsewhere misprices every step here: on a faster CPU the deadline policy
 would cut prefill chunks for nothing, on a GPU the warm start would search a machine that is not
 there. So a calibration is used only where its model, dtype, device kind and machine fingerprint
-(engine/machine.py) all match."""
+(simulation/machine.py) all match."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotuner.calibrate import calibrate, default_cost_model_path, engine_meta
-from autotuner.simulation import SHIPPED_COST_MODEL
-from engine.cost_model import CostModel
+from simulation.calibrate import calibrate, default_cost_model_path, engine_meta
+from simulation.cost_model_files import SHIPPED_COST_MODEL
+from simulation.cost_model import CostModel
 from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)

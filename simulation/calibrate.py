@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from engine.cost_model import CostModel, StepShape, fit_cost_model
+from simulation.cost_model import CostModel, StepShape, fit_cost_model
 from engine.llm_engine import LLMEngine
-from engine.machine import machine_fingerprint
+from simulation.machine import machine_fingerprint
 from engine.outputs import StepRecord
 from engine.request import Request
 from engine.sampling_params import SamplingParams

@@ -23,7 +23,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     sim = sub.add_parser("simulate", help="run a workload through the simulator and print its JSON summary")
     sim.add_argument("--workload", default="chat", help="a preset in configs/workloads.yaml or a YAML file")
-    sim.add_argument("--qps", type=float, default=None, help="base request rate (default: the workload's)")
+    add_rate_arguments(sim)
     sim.add_argument("--requests", type=int, default=None,
                      help="requests (default 1000; with --duration, at most this many)")
     sim.add_argument("--duration", type=float, default=None,
@@ -51,6 +51,28 @@ def add_cost_model_arguments(p: argparse.ArgumentParser) -> None:
                        help="a hardware profile instead of a calibration (see `autotuned-serve profiles`)")
 
 
+def add_rate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--qps", type=float, default=None, help="base request rate in req/s (default: --load)")
+    p.add_argument("--load", type=float, default=None,
+                   help="base rate as a share of the modelled machine's simulated capacity under the SLO "
+                   "(deadline policy, default knobs); default 0.8 unless --qps is given")
+
+
+def resolve_rate(args: argparse.Namespace, workload, cost, slo):
+    from simulation.relative_load import base_rate
+
+    rate = base_rate(workload, cost, slo, args.qps, args.load, args.seed)
+    if rate.load is not None:
+        print(f"base rate {rate.qps:.4g} req/s: {rate.load:g} of the simulated capacity "
+              f"{rate.capacity_qps:.4g} req/s on {workload.name}", file=sys.stderr)
+    return rate
+
+
+def rate_fields(rate) -> dict:
+    return {"qps": round(rate.qps, 6), "load": rate.load,
+            "simulated_capacity_qps": None if rate.capacity_qps is None else round(rate.capacity_qps, 6)}
+
+
 def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     tune = sub.add_parser("tune", help="run the online tuner against the simulator (what-if analysis) and "
                           "compare it with static configurations")
@@ -59,7 +81,7 @@ def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--workload", default="shift", help="a preset in configs/workloads.yaml or a YAML file "
                       "(default shift: chat -> summarization -> chat)")
     tune.add_argument("--duration", type=float, default=3600.0, help="simulated seconds of arrivals (default 3600)")
-    tune.add_argument("--qps", type=float, default=None, help="base request rate (default: the workload's)")
+    add_rate_arguments(tune)
     add_cost_model_arguments(tune)
     tune.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where the tuner keeps its studies (default state)")
     tune.add_argument("--seed", type=int, default=0)
@@ -95,7 +117,7 @@ def parse_knobs(pairs: list[str]) -> dict[str, object]:
 def run_calibrate(args: argparse.Namespace) -> None:
     import torch
 
-    from autotuner.calibrate import calibrate, default_cost_model_path
+    from simulation.calibrate import calibrate, default_cost_model_path
     from engine import EngineConfig, LLMEngine
 
     if args.points < 10 or args.repeats < 1 or not 0 <= args.holdout < 0.9:
@@ -113,26 +135,29 @@ def run_calibrate(args: argparse.Namespace) -> None:
 def run_simulate(args: argparse.Namespace) -> None:
     import time
 
-    from autotuner.simulation import resolve_cost_model, simulate
-    from autotuner.workload import generate, load_workload
+    from simulation.cost_model_files import resolve_cost_model
+
+    from simulation.workload_run import simulate
+    from loadgen.workload import generate, load_workload
     from policies import Knobs, get_policy
     from telemetry.window import SLO
 
-    if (args.requests is not None and args.requests < 1) or (args.qps is not None and not args.qps > 0):
-        raise ValueError("--requests must be >= 1 and --qps > 0")
+    if args.requests is not None and args.requests < 1:
+        raise ValueError("--requests must be >= 1")
     if args.duration is not None and not args.duration > 0:
         raise ValueError("--duration must be > 0")
     get_policy(args.policy)
     knobs = Knobs().replace(**parse_knobs(args.knob))
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
+    workload, slo = load_workload(args.workload), SLO(args.slo_ttft_s, args.slo_tbt_s)
+    rate = resolve_rate(args, workload, cost, slo)
     requests = args.requests if args.requests is not None or args.duration is not None else 1000
-    specs = generate(load_workload(args.workload), qps=args.qps, num_requests=requests, duration_s=args.duration,
-                     seed=args.seed)
+    specs = generate(workload, qps=rate.qps, num_requests=requests, duration_s=args.duration, seed=args.seed)
     if not specs:
         raise ValueError("the workload produced no requests; raise --duration or --qps")
     start = time.perf_counter()
-    run = simulate(specs, cost, args.policy, knobs, SLO(args.slo_ttft_s, args.slo_tbt_s))
-    result = {"workload": args.workload, "qps": args.qps, "policy": args.policy,
+    run = simulate(specs, cost, args.policy, knobs, slo)
+    result = {"workload": args.workload, **rate_fields(rate), "policy": args.policy,
               "cost_model": cost_model_label(cost, args.profile),
               "knobs": {k: v for k, v in knobs.as_dict().items() if k != "version"}, **run.summary.as_dict(),
               "num_steps": run.num_steps, "num_rejected": run.num_rejected,
@@ -144,21 +169,24 @@ def run_tune(args: argparse.Namespace) -> None:
     import time
 
     from autotuner.controller import ControllerSettings
-    from autotuner.sim_tuning import compare
-    from autotuner.simulation import resolve_cost_model
-    from autotuner.workload import generate, load_workload
+    from autotuner.simulated_tuning import compare
+    from simulation.cost_model_files import resolve_cost_model
+    from loadgen.workload import generate, load_workload
     from telemetry.window import SLO
 
-    if not args.duration > 0 or (args.qps is not None and not args.qps > 0):
-        raise ValueError("--duration and --qps must be > 0")
+    if not args.duration > 0:
+        raise ValueError("--duration must be > 0")
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
-    specs = generate(load_workload(args.workload), qps=args.qps, duration_s=args.duration, seed=args.seed)
+    workload, slo = load_workload(args.workload), SLO(args.slo_ttft_s, args.slo_tbt_s)
+    rate = resolve_rate(args, workload, cost, slo)
+    specs = generate(workload, qps=rate.qps, duration_s=args.duration, seed=args.seed)
     if not specs:
         raise ValueError("the workload produced no requests; raise --duration or --qps")
     start = time.perf_counter()
-    result = compare(specs, cost, args.state_dir, SLO(args.slo_ttft_s, args.slo_tbt_s), ControllerSettings.load(),
-                     args.seed, ablation=not args.no_ablation)
-    print(json.dumps({"workload": args.workload, "cost_model": cost_model_label(cost, args.profile), **result,
+    result = compare(specs, cost, args.state_dir, slo, ControllerSettings.load(), args.seed,
+                     ablation=not args.no_ablation)
+    print(json.dumps({"workload": args.workload, **rate_fields(rate), "cost_model": cost_model_label(cost, args.profile),
+                      **result,
                       "wall_s": round(time.perf_counter() - start, 1)}, indent=2, default=str))
 
 
@@ -169,8 +197,8 @@ def cost_model_label(cost, profile: str | None) -> str:
 
 def run_profiles(args: argparse.Namespace) -> None:
     """One line per profile: name, hardware, model, checks; with --checks every check under it."""
-    from engine.hardware_profile import load_profile, profile_names
-    from engine.profile_checks import run_checks
+    from simulation.hardware_profile import load_profile, profile_names
+    from simulation.profile_checks import run_checks
 
     for name in profile_names():
         profile = load_profile(name)
@@ -218,8 +246,8 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:
 def run_report(args: argparse.Namespace) -> None:
     import os
 
-    from autotuner.report import build_report
-    from autotuner.report_render import RENDERERS
+    from serving.report import build_report
+    from serving.report_render import RENDERERS
 
     if args.out == "-" and args.format == "html":
         raise ValueError("--out - writes json or csv; give a file path for the html report")

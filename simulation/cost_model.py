@@ -65,7 +65,7 @@ class CostModel:
     model: str = ""
     dtype: str = ""
     device: str = ""
-    fingerprint: str = ""                    # engine.machine.machine_fingerprint of the machine it was fitted on
+    fingerprint: str = ""                    # simulation.machine.machine_fingerprint of the machine it was fitted on
     kv_blocks: int = 0                       # the calibrated engine's KV pool, which the simulator copies
     block_size: int = 16
     tile_tokens: int = 1                     # prefill chunks of a multiple of this are cheapest per token (GPU tiles)

@@ -15,7 +15,7 @@ from fastapi import Depends, FastAPI, Header, Query, Response
 from pydantic import BaseModel, ConfigDict
 
 from autotuner.background import BackgroundRunner
-from engine.api_server import ApiError, ServerState
+from serving.api_server import ApiError, ServerState
 from policies import POLICIES
 from telemetry.window import TelemetryWindow
 
@@ -118,8 +118,8 @@ def render_report(request: tuple[str, str]) -> tuple[int, str]:
     process: built on the event loop it stalled token streaming (~0.1 s for JSON, ~0.8 s of
     matplotlib for HTML on the 2-core dev VM). At the lowest priority it takes longer (a few
     seconds to start, and on a busy daemon only the CPU time the engine leaves)."""
-    from autotuner.report import build_report
-    from autotuner.report_render import RENDERERS
+    from serving.report import build_report
+    from serving.report_render import RENDERERS
 
     state_dir, format = request
     try:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from engine.block_manager import BlockManager
-from engine.cost_model import CostModel
+from simulation.cost_model import CostModel
 from engine.llm_engine import request_record, step_record, token_gaps
 from engine.model_runner import StepTiming
 from engine.outputs import RequestRecord, StepRecord
@@ -29,7 +29,7 @@ IDLE_TICK_S = 0.001   # how far the clock moves when a policy schedules nothing 
 
 
 class RequestLike(Protocol):
-    """What the simulator reads of a workload item (autotuner.workload.RequestSpec has it)."""
+    """What the simulator reads of a workload item (loadgen.workload.RequestSpec has it)."""
 
     arrival_s: float
     prompt_tokens: int

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from engine.cost_model import CostModel, StepShape
+from simulation.cost_model import CostModel, StepShape
 from engine.llm_engine import LLMEngine
 from engine.outputs import StepRecord
 

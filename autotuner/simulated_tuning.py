@@ -15,12 +15,12 @@ from optuna.trial import TrialState
 
 from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings, best_configuration
 from autotuner.search_space import SearchSpace, load_search_space
-from autotuner.simulation import make_simulator, simulate
+from simulation.workload_run import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
 from autotuner.warm_start import SimulatorWarmStart, slo_token_budget
-from autotuner.workload import RequestSpec
-from engine.cost_model import CostModel
+from loadgen.workload import RequestSpec
+from simulation.cost_model import CostModel
 from engine.outputs import RequestRecord
 from policies import Knobs
 from telemetry.latency_summary import summarize_requests

@@ -22,10 +22,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.engine_loop import EngineLoop, QueueFullError
+from serving.engine_loop import EngineLoop, QueueFullError
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine
-from engine.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
+from serving.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
 from engine.outputs import RequestOutput
 from engine.request import Request
 from engine.slo_class import SloClass, SloClasses, shipped_slo_classes

@@ -5,7 +5,7 @@ A profile is what the simulator needs to price steps on hardware this project ca
 spec-sheet roofline (peak bf16 FLOP/s, HBM bandwidth, memory), the shares of it that real kernels
 achieve, the model's shape, the per-step and per-sequence host overheads of the engine, and the
 checks (published end-to-end figures) every profile must stay within 15% of.
-engine/profile_cost_model.py turns it into a step-time model; engine/profile_checks.py runs its checks.
+simulation/profile_cost_model.py turns it into a step-time model; simulation/profile_checks.py runs its checks.
 """
 
 from __future__ import annotations

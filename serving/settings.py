@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from engine.api_server import ApiConfig
+from serving.api_server import ApiConfig
 from engine.engine_config import EngineConfig
 from engine.slo_class import CONFIG as SHIPPED_SLO_CLASSES, SloClasses
 from policies import Knobs, get_policy
@@ -92,6 +92,7 @@ class Settings:
             self.engine_config().torch_dtype()
         except ValueError as e:
             raise SettingsError(str(e)) from e
+        self._check_device()
         self.knob_values()
         self.slo_values()
         self.slo_class_values()
@@ -99,6 +100,16 @@ class Settings:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be positive")
         return self
+
+    def _check_device(self) -> None:
+        import re
+
+        import torch
+
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise SettingsError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise SettingsError(f"device {self.device}: CUDA is not available on this machine")
 
 
 _TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}

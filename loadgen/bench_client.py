@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from autotuner.prompts import PromptSource
-from autotuner.workload import RequestSpec, Workload, generate
+from loadgen.prompts import PromptSource
+from loadgen.workload import RequestSpec, Workload, generate
 from engine.outputs import RequestRecord
 from engine.slo_class import shipped_slo_classes
 from telemetry.latency_summary import LatencySummary, summarize_requests
@@ -264,7 +264,7 @@ def live_probe(workload: Workload, source: PromptSource, options: BenchOptions, 
 
 def write_outputs(run: BenchRun, out_dir: str, extra: dict[str, Any] | None = None) -> list[str]:
     """bench.json (summary keys, settings and raw per-request data) and the PNG plots."""
-    from autotuner.bench_plots import write_plots
+    from loadgen.bench_plots import write_plots
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "bench.json")

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from autotuner import cli_tuning
+from serving import cli_tuning
 from engine.errors import EngineError
 
 
@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("policies", help="list the scheduling policies with the knobs each reads")
     bench = sub.add_parser("bench", help="benchmark an OpenAI-compatible server with an open-loop workload")
     add_bench_arguments(bench)
-    cap = sub.add_parser("capacity", help="search the largest QPS a server sustains within TTFT/TBT bounds")
+    cap = sub.add_parser("capacity", help="search the largest QPS a server sustains within TTFT/TBT bounds (a "
+                         "running server; each probe lasts ~--num-requests/QPS s) or, with --simulate, the simulator")
     add_bench_arguments(cap)
     cap.add_argument("--max-probes", type=int, default=8, help="most bench runs in the search (default 8)")
     cap.add_argument("--start-qps", type=float, default=1.0, help="first rate probed (default 1)")
@@ -60,8 +61,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; any other needs an API key)")
     p.add_argument("--port", type=int, default=None, help="port (default 8000)")
     p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp32"], help="default auto")
+    p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:N")
     p.add_argument("--policy", default=None, help="scheduling policy (default deadline; see `autotuned-serve policies`)")
-    p.add_argument("--token-budget", type=int, default=None, help="initial token budget per step (default 512)")
+    p.add_argument("--token-budget", type=int, default=None,
+                   help="token budget per step (default 512): the deadline policy's cap; under a plain budget "
+                   "policy a tuned daemon's cold start lowers it to what the cost model fits in the TBT SLO")
     p.add_argument("--kv-cache-memory-mb", type=float, default=None, help="KV cache size in MiB (default 512)")
     p.add_argument("--max-waiting", type=int, default=None, help="queued requests beyond this get 429 (default 256)")
     p.add_argument("--api-key", default=None, help="key for /admin (default: AUTOTUNED_SERVE_API_KEY)")
@@ -100,9 +104,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 def bench_setup(args: argparse.Namespace):
     """(workload, prompt source, options, SLO) from the bench flags; bad values raise ValueError."""
-    from autotuner.bench_client import BenchOptions
-    from autotuner.prompts import PromptSource, load_prompt_tokenizer
-    from autotuner.workload import load_workload
+    from loadgen.bench_client import BenchOptions
+    from loadgen.prompts import PromptSource, load_prompt_tokenizer
+    from loadgen.workload import load_workload
     from telemetry.window import SLO
 
     for flag in ("qps", "slo_ttft_s", "slo_tbt_s"):
@@ -120,7 +124,7 @@ def bench_setup(args: argparse.Namespace):
 def run_bench_command(args: argparse.Namespace) -> None:
     import json
 
-    from autotuner.bench_client import bench_workload, write_outputs
+    from loadgen.bench_client import bench_workload, write_outputs
     from telemetry.latency_summary import class_lines
 
     workload, source, options, slo = bench_setup(args)
@@ -137,8 +141,8 @@ def run_bench_command(args: argparse.Namespace) -> None:
 def run_capacity_command(args: argparse.Namespace) -> None:
     import json
 
-    from autotuner.bench_client import live_probe
-    from autotuner.capacity import CapacityCriteria, check_search, search_capacity
+    from loadgen.bench_client import live_probe
+    from loadgen.capacity import CapacityCriteria, check_search, search_capacity
     from telemetry.latency_summary import class_lines
 
     check_search(args.start_qps, args.max_probes, args.tolerance)
@@ -165,8 +169,9 @@ def run_capacity_command(args: argparse.Namespace) -> None:
 
 def simulated_capacity_probe(args: argparse.Namespace):
     """The capacity search's probe on the simulator: --num-requests of the workload at each rate."""
-    from autotuner.simulation import resolve_cost_model, simulated_probe
-    from autotuner.workload import load_workload
+    from simulation.cost_model_files import resolve_cost_model
+    from simulation.workload_run import simulated_probe
+    from loadgen.workload import load_workload
     from policies import Knobs, get_policy
     from telemetry.window import SLO
 
@@ -199,10 +204,11 @@ def run_policies() -> None:
 def run_serve(args: argparse.Namespace) -> None:
     import logging
 
-    from autotuner.daemon import DaemonConfig, run_daemon
-    from autotuner.settings import load_settings
+    from serving.daemon import run_daemon
+    from serving.daemon_config import DaemonConfig
+    from serving.settings import load_settings
 
-    overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "policy", "kv_cache_memory_mb",
+    overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "device", "policy", "kv_cache_memory_mb",
                                                "max_waiting", "api_key", "grace_s", "state_dir", "tune",
                                                "slo_classes", "calibrate")}
     settings = load_settings(args.config, overrides)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from engine.cost_model import CostModel, StepShape
-from engine.hardware_profile import HardwareProfile, load_profile
+from simulation.cost_model import CostModel, StepShape
+from simulation.hardware_profile import HardwareProfile, load_profile
 
 PLAIN_MAX_KNEE = 50.0       # from here on (m^p + c^p)^(1/p) is max(m, c) to within 1.4%
 

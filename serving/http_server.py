@@ -12,7 +12,7 @@ from collections.abc import Callable
 import uvicorn
 from fastapi import FastAPI
 
-from engine.api_server import ApiConfig, ServerState, build_app
+from serving.api_server import ApiConfig, ServerState, build_app
 from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.hardware_profile import Check, HardwareProfile, Measure
-from engine.profile_cost_model import ProfileCostModel
+from simulation.hardware_profile import Check, HardwareProfile, Measure
+from simulation.profile_cost_model import ProfileCostModel
 
 TOLERANCE = 0.15
 

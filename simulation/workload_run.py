@@ -1,54 +1,17 @@
-"""Running a workload through the simulator: the cost model to use (a calibration of this machine
-or a hardware profile of a GPU) and a one-call what-if run."""
+"""Running a workload through the simulator in one call, and the capacity probe built on it."""
 
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from autotuner.workload import RequestSpec, Workload, generate
-from engine.cost_model import CostModel
-from engine.profile_cost_model import ProfileCostModel, StepTimeModel
+from loadgen.workload import RequestSpec, Workload, generate
+from simulation.profile_cost_model import StepTimeModel
 from engine.outputs import RequestRecord
-from engine.simulator import Simulator
+from simulation.simulator import Simulator
 from engine.slo_class import shipped_slo_classes
 from policies import Knobs
 from telemetry.latency_summary import LatencySummary, summarize_requests
 from telemetry.window import SLO
-
-log = logging.getLogger(__name__)
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-# Fitted on the development machine (2-core EPYC, fp32) by `autotuned-serve calibrate`; the state
-# dir's own calibration replaces it.
-SHIPPED_COST_MODEL = CONFIGS / "cost_models" / "smollm2-135m-instruct-fp32-cpu.json"
-
-
-def find_cost_model(path: str | None = None, state_dir: str | None = None) -> CostModel:
-    """An explicit file, else the newest readable calibration in the state dir, else the shipped one.
-    A state-dir calibration that no longer loads (e.g. fitted with an older feature set) is skipped
-    with a warning, so an upgraded daemon still starts."""
-    if path:
-        return CostModel.load(path)
-    calibrated = sorted(Path(state_dir).glob("cost_models/*.json"), key=os.path.getmtime) if state_dir else []
-    for candidate in reversed(calibrated):
-        try:
-            return CostModel.load(candidate)
-        except ValueError as e:
-            log.warning("skipping %s", e)
-    return CostModel.load(SHIPPED_COST_MODEL)
-
-
-def resolve_cost_model(path: str | None = None, profile: str | None = None,
-                       state_dir: str | None = None) -> StepTimeModel:
-    """A hardware profile by name (configs/hardware_profiles/), else `find_cost_model`'s calibration."""
-    if profile and path:
-        raise ValueError("give a cost model file or a hardware profile, not both")
-    if profile:
-        return ProfileCostModel.named(profile)
-    return find_cost_model(path, state_dir)
 
 
 @dataclass
@@ -84,7 +47,7 @@ def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = "sarat
 
 def simulated_probe(workload: Workload, cost: StepTimeModel, policy: str, knobs: Knobs, slo: SLO,
                     num_requests: int, seed: int = 0):
-    """A capacity probe (autotuner.capacity): `num_requests` of the workload, seeded, at the probed
+    """A capacity probe (loadgen.capacity): `num_requests` of the workload, seeded, at the probed
     rate through the simulator."""
     def probe(qps: float) -> LatencySummary:
         specs = generate(workload, qps=qps, num_requests=num_requests, seed=seed)

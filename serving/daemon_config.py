@@ -1,0 +1,25 @@
+"""The daemon's settings: engine, API, SLO, device peaks, tuner and state dir."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.engine_config import EngineConfig
+from serving.api_server import ApiConfig
+from telemetry.window import SLO
+
+
+@dataclass
+class DaemonConfig:
+    engine: EngineConfig
+    api: ApiConfig
+    host: str = "127.0.0.1"
+    port: int = 8000
+    grace_s: float = 30.0
+    slo: SLO = SLO()
+    peak_flops: float | None = None           # device peaks for MFU/MBU; probed at start-up when unset
+    peak_bandwidth: float | None = None
+    utilisation_window_s: float = 10.0
+    tune: bool = True                         # run the online controller beside the engine
+    state_dir: str = "state"                  # tuner studies, decisions, calibrated cost models
+    calibrate: bool = True                    # calibrate at start-up when no cost model describes this machine

@@ -1,0 +1,55 @@
+"""A workload's rate relative to the modelled machine. `--load 0.8` runs the workload at 80% of the
+largest base rate at which the simulated machine still meets the SLO with the default policy
+(`deadline`, default knobs), so a what-if on any machine or hardware profile is neither idle nor
+hopelessly overloaded. A workload's phases keep their rate multipliers: the capacity is that of
+the whole mix, so the hardest phase sets it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loadgen.capacity import CapacityCriteria, search_capacity
+from loadgen.workload import Workload
+from policies import Knobs
+from simulation.profile_cost_model import StepTimeModel
+from simulation.workload_run import simulated_probe
+from telemetry.window import SLO
+
+DEFAULT_LOAD = 0.8
+PROBE_REQUESTS = 300     # per capacity probe: the rate is found within 5%, each probe well under a second
+MAX_PROBES = 12
+
+
+@dataclass(frozen=True)
+class BaseRate:
+    qps: float                        # the workload's base rate for the run
+    load: float | None                # the share of capacity asked for; None when --qps was given
+    capacity_qps: float | None        # the simulated capacity it is a share of
+
+
+def simulated_capacity(workload: Workload, cost: StepTimeModel, slo: SLO, seed: int = 0,
+                       num_requests: int = PROBE_REQUESTS) -> float:
+    """The largest base rate (within 5%) meeting P50 TTFT and P99 TBT, by the capacity search."""
+    probe = simulated_probe(workload, cost, "deadline", Knobs(), slo, num_requests, seed)
+    result = search_capacity(probe, CapacityCriteria(slo.ttft_s, slo.tbt_s), start_qps=workload.qps,
+                             max_probes=MAX_PROBES)
+    if result.capacity_qps <= 0:
+        raise ValueError(f"the modelled machine meets the SLO on {workload.name!r} at no rate probed "
+                         f"(down to {min(p.qps for p in result.probes):.3g} req/s); give --qps")
+    return result.capacity_qps
+
+
+def base_rate(workload: Workload, cost: StepTimeModel, slo: SLO, qps: float | None, load: float | None,
+              seed: int = 0) -> BaseRate:
+    """An explicit --qps as given; otherwise --load (default 0.8) of the simulated capacity."""
+    if qps is not None and load is not None:
+        raise ValueError("give --qps or --load, not both")
+    if qps is not None:
+        if not qps > 0:
+            raise ValueError(f"--qps must be > 0, got {qps}")
+        return BaseRate(qps, None, None)
+    load = DEFAULT_LOAD if load is None else load
+    if not load > 0:
+        raise ValueError(f"--load must be > 0, got {load}")
+    capacity = simulated_capacity(workload, cost, slo, seed)
+    return BaseRate(load * capacity, load, capacity)
