@@ -23,6 +23,7 @@ class EngineConfig:
     max_token_budget: int = 8192        # top of the budget range the knobs may take at run time
     attention_backend: str = "auto"
     seed: int = 0                       # sampling of requests without their own seed; dummy weights
+    enable_prefix_caching: bool = True  # reuse the KV of prompt prefixes already in the pool (prefix_cache.py)
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
