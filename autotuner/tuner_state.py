@@ -52,10 +52,10 @@ class TunerState:
             log.warning("tuner: marked %d trial(s) left running by an earlier process as failed", count)
         return count
 
-    def study_for(self, regime: Regime, signals: tuple[float, float]) -> tuple[Regime, optuna.Study]:
-        """The study of the known regime nearest to `signals` (log2 token ratio, log2 rate) with the
-        same KV label when one is within MATCH_OCTAVES, else a new one: a workload near a bucket's
-        edge must not split its history between two studies."""
+    def study_for(self, regime: Regime, signals: tuple[float, ...]) -> tuple[Regime, optuna.Study]:
+        """The study of the known regime nearest to `signals` (log2 token ratio, log2 rate, scaled
+        hit rate) with the same KV and cache labels when one is within MATCH_OCTAVES, else a new one:
+        a workload near a bucket's edge must not split its history between two studies."""
         nearest: tuple[float, Regime] | None = None
         for summary in self.storage.get_all_studies():
             attrs = summary.user_attrs
@@ -63,7 +63,8 @@ class TunerState:
                 continue
             known = Regime(**attrs["regime"])
             distance = max(abs(a - b) for a, b in zip(attrs["signals"], signals))
-            if known.kv == regime.kv and distance <= MATCH_OCTAVES and (nearest is None or distance < nearest[0]):
+            same_labels = (known.kv, known.cache) == (regime.kv, regime.cache)
+            if same_labels and distance <= MATCH_OCTAVES and (nearest is None or distance < nearest[0]):
                 nearest = (distance, known)
         regime = nearest[1] if nearest else regime
         study = self.study(regime)

@@ -1,7 +1,7 @@
 """The KV block pool: fixed-size blocks handed out to requests, with reference counts.
 
-Reference counts let blocks be shared (prefix caching, forks); a block returns to the free list
-when its count drops to zero. They are a plain list: the scheduler (and the simulator, ~200 blocks
+Reference counts let blocks be shared (forks; engine/prefix_cache.py's pool shares cached prefixes);
+a block returns to the free list when its count drops to zero. They are a plain list: the scheduler (and the simulator, ~200 blocks
 per freed long request) touches them one block at a time, where numpy's scalar indexing costs ~10x.
 """
 
@@ -15,6 +15,8 @@ class OutOfBlocksError(RuntimeError):
 
 
 class BlockManager:
+    caching = False         # PrefixCachingBlockManager: blocks found by content
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
@@ -60,6 +62,10 @@ class BlockManager:
             counts[block] = count - 1
             if count == 1:
                 self._free.append(block)
+
+    def exclusive_blocks(self, block_table: list[int]) -> int:
+        """How many of these blocks freeing them would return to the pool (the others are shared)."""
+        return len(block_table)
 
     def grow(self, block_table: list[int], num_tokens: int) -> None:
         """Append blocks to `block_table` until it holds `num_tokens` tokens."""

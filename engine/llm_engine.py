@@ -19,6 +19,7 @@ from engine.engine_config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.model_runner import ModelRunner, StepTiming
 from engine.outputs import RequestOutput, RequestRecord, StepRecord
+from engine.prefix_cache import PrefixCachingBlockManager
 from engine.request import FinishReason, Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduleResult, Scheduler
@@ -45,14 +46,15 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         dtype = config.torch_dtype()
         kind, location = resolve_model(config.model)
-        checkpoint = load_checkpoint(config.model, dtype, config.seed)
+        checkpoint = load_checkpoint(config.model, dtype, config.seed, config.weights_mode(), config.quantized_max_rows)
         self.model_config = mc = checkpoint.config
         self.tokenizer: Tokenizer = load_tokenizer(kind, location, mc.vocab_size, mc.eos_token_ids)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)))
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
         self.check_knobs(config.knobs)
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(dtype)
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        pool = PrefixCachingBlockManager if config.enable_prefix_caching else BlockManager
+        self.block_manager = pool(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs)
         self.runner = ModelRunner(checkpoint, dtype, config.device, num_blocks, config.block_size,
                                   self.max_model_len, config.attention_backend, config.seed)
@@ -76,19 +78,20 @@ class LLMEngine:
     # -- requests --
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
-                    slo: SloClass | None = None) -> str:
-        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time, slo))
+                    slo: SloClass | None = None, cache_salt: str | None = None) -> str:
+        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time, slo, cache_salt))
 
     def make_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                      request_id: str | None = None, arrival_time: float | None = None,
-                     slo: SloClass | None = None) -> Request:
+                     slo: SloClass | None = None, cache_salt: str | None = None) -> Request:
         """Tokenize and validate; touches no engine state, so any thread may call it. `slo`: the
-        request's SLO class (None: the default interactive targets)."""
+        request's SLO class (None: the default interactive targets); `cache_salt`: its tenant, whose
+        cached prefix blocks no other salt reuses."""
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
         self._check_fits(ids, params)
         return Request(request_id or f"req-{next(self._ids)}", ids, params, arrival_time or time.monotonic(),
-                       slo=slo or DEFAULT_CLASS)
+                       slo=slo or DEFAULT_CLASS, cache_salt=cache_salt)
 
     def enqueue(self, request: Request) -> str:
         """Queue a request made by make_request (on the thread that steps the engine)."""
@@ -239,7 +242,8 @@ class LLMEngine:
             self._detokenizers.pop(request.request_id, None)
         return RequestOutput(request.request_id, new_tokens, delta, detok.text, list(request.output_token_ids),
                              request.num_prompt_tokens, finished,
-                             request.finish_reason.value if request.finish_reason else None)
+                             request.finish_reason.value if request.finish_reason else None,
+                             request.cache.cached_tokens)
 
     def _emit_record(self, result: ScheduleResult, num_sampled: int, start: float, duration: float,
                      schedule_s: float, timing: StepTiming, gaps: tuple[float, ...]) -> None:
@@ -267,7 +271,9 @@ def step_record(step: int, result: ScheduleResult, scheduler: Scheduler, num_sam
         num_preempted=result.num_preempted, kv_usage=scheduler.blocks.usage,
         context_tokens=result.context_tokens, attended_pairs=result.attended_pairs, num_sampled=num_sampled,
         prepare_s=timing.prepare_s, forward_s=timing.forward_s, sample_s=timing.sample_s,
-        schedule_s=schedule_s, policy=result.policy, knobs_version=result.knobs.version, token_gaps=gaps)
+        schedule_s=schedule_s, policy=result.policy, knobs_version=result.knobs.version, token_gaps=gaps,
+        prefix_cache_queries=result.cache.queries, prefix_cache_hits=result.cache.hits,
+        prefix_cache_evictions=result.cache.evictions, prefix_cache_blocks=result.cache.cached_blocks)
 
 
 def request_record(request: Request) -> RequestRecord:
@@ -276,4 +282,4 @@ def request_record(request: Request) -> RequestRecord:
     return RequestRecord(request.request_id, t.arrival, t.first_token, t.finished, tuple(t.token_times),
                          request.num_prompt_tokens, request.num_output_tokens, request.params.max_tokens,
                          request.finish_reason.value, request.num_preemptions, request.slo.name, request.slo.ttft_s,
-                         request.slo.tbt_s)
+                         request.slo.tbt_s, request.cache.cached_tokens)

@@ -15,6 +15,7 @@ class RequestOutput:
     num_prompt_tokens: int
     finished: bool
     finish_reason: str | None     # "stop", "length", "abort", "error"
+    num_cached_tokens: int = 0    # prompt tokens whose KV its admission found in the prefix cache
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class StepRecord:
     knobs_version: int
     token_gaps: tuple[float, ...] = ()   # for each token this step produced after a request's first: the gap
                                          # since that request's previous token (TBT, within this step's window)
+    prefix_cache_queries: int = 0     # tokens of requests first admitted this step (vLLM's prefix_cache_queries)
+    prefix_cache_hits: int = 0        # ... of them found in the prefix cache
+    prefix_cache_evictions: int = 0   # cached blocks reused for other content this step
+    prefix_cache_blocks: int = 0      # blocks holding findable content after scheduling (0: caching off)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class RequestRecord:
     slo_class: str = "interactive"
     slo_ttft_s: float | None = None     # the class's targets (None: judge by the reader's SLO)
     slo_tbt_s: float | None = None
+    num_cached_tokens: int = 0          # prompt tokens found in the prefix cache at admission
 
     @property
     def ttft_s(self) -> float | None:

@@ -8,6 +8,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from engine.prefix_cache import PrefixState
 from engine.sampling_params import SamplingParams
 from engine.slo_class import DEFAULT_CLASS, SloClass
 
@@ -56,6 +57,11 @@ class Request:
     ttft_deadline: float = field(init=False)     # arrival + the class's TTFT target
     tbt_target_s: float = field(init=False)
     long_gaps: int = 0                           # token gaps over tbt_target_s so far (ErrorBudget counts them)
+    # prefix caching (engine/prefix_cache.py): the tenant's salt, whether its blocks may be shared at all
+    # (the simulator's requests without shared content are not, to skip hashing them), its cache state
+    cache_salt: str | None = None
+    cacheable: bool = True
+    cache: PrefixState = field(init=False)
 
     def __post_init__(self) -> None:
         self.timings = RequestTimings(self.arrival_time)
@@ -63,6 +69,7 @@ class Request:
         self.max_tokens = self.params.max_tokens
         self.ttft_deadline = self.arrival_time + self.slo.ttft_s
         self.tbt_target_s = self.slo.tbt_s
+        self.cache = PrefixState()
 
     # -- the read-only view policies see (policies.view.SequenceState) --
     @property
@@ -71,7 +78,9 @@ class Request:
 
     @property
     def num_blocks(self) -> int:
-        return len(self.block_table)
+        """Blocks it holds; a waiting request counts the cached blocks of its prefix that other
+        requests hold (admitting it takes no free block for them)."""
+        return len(self.block_table) + self.cache.held_hits
 
     @property
     def num_output_tokens(self) -> int:

@@ -39,6 +39,19 @@ class ScheduledRequest(NamedTuple):   # a named tuple: made for every request ev
         return is_decode_work(self.num_tokens, self.context_len, self.request.num_prompt_tokens)
 
 
+class CacheStep(NamedTuple):
+    """What the prefix cache did in one step: tokens of first admissions looked up and found, blocks
+    evicted, and blocks cached at the end of scheduling."""
+
+    queries: int = 0
+    hits: int = 0
+    evictions: int = 0
+    cached_blocks: int = 0
+
+
+NO_CACHE_STEP = CacheStep()
+
+
 @dataclass(frozen=True)
 class ScheduleResult:
     scheduled: list[ScheduledRequest]   # decodes first, then prefill chunks
@@ -51,9 +64,11 @@ class ScheduleResult:
     context_tokens: int = 0             # tokens attended to (KV read), summed over sequences
     attended_pairs: int = 0             # (query, key) pairs: each new token sees the context and the chunk up to itself
     num_sampled: int = 0                # sequences whose chunk reaches their last token: they yield a token
+    cache: CacheStep = NO_CACHE_STEP
 
     @staticmethod
-    def of(scheduled: list[ScheduledRequest], num_preempted: int, knobs: Knobs, policy: str) -> ScheduleResult:
+    def of(scheduled: list[ScheduledRequest], num_preempted: int, knobs: Knobs, policy: str,
+           cache: CacheStep | None = None) -> ScheduleResult:
         """Orders `scheduled` in place, decodes first (stable), and sums what the step computes.
         One pass with `samples` inlined: it runs for every request every step."""
         decodes, others = [], []
@@ -71,7 +86,8 @@ class ScheduleResult:
             context += c + n
             sampled += c + n == num_prompt + len(request.output_token_ids)
         scheduled[:] = decodes + others
-        return ScheduleResult(scheduled, num_preempted, knobs, policy, len(decodes), tokens, context, pairs, sampled)
+        return ScheduleResult(scheduled, num_preempted, knobs, policy, len(decodes), tokens, context, pairs, sampled,
+                              cache or NO_CACHE_STEP)
 
 
 class Scheduler:
@@ -145,15 +161,19 @@ class Scheduler:
         self.blocks.free(request.block_table)
         request.block_table = []
         request.num_computed_tokens = 0
+        request.cache.forget_blocks()
 
     # -- one step --
     def schedule(self) -> ScheduleResult:
         self._apply_pending()
         now = self.clock()
         tolerated, long = self.error_budget.state(now)
+        caching = self.blocks.caching
+        if caching:
+            before = self._probe_waiting()
         view = SchedulerView(self.running, self.waiting, self.blocks.num_free_blocks, self.blocks.num_blocks,
                              self.blocks.block_size, now, self.num_steps, self.cost, tolerated, long,
-                             self.arrival_guard_s)
+                             self.arrival_guard_s, self._exclusive_blocks if caching else None)
         self.num_steps += 1
         plan = self.policy.plan(view, self.knobs)
         self._check(plan)
@@ -168,7 +188,25 @@ class Scheduler:
             if context + num_tokens > len(request.block_table) * block_size:   # most steps need no block:
                 grow(request.block_table, context + num_tokens)                # skip the call (every request, every step)
             scheduled.append(ScheduledRequest(request, num_tokens, context))
-        return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name)
+        cache = self._cache_step(before) if caching else None
+        return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name, cache)
+
+    def _exclusive_blocks(self, request: Request) -> int:
+        return self.blocks.exclusive_blocks(request.block_table)
+
+    def _probe_waiting(self) -> CacheStep:
+        """Each waiting request's cached prefix counts as computed before the policy plans; returns
+        the cache's counters, to tell this step's share of them."""
+        probe = self.blocks.probe
+        for request in self.waiting:
+            probe(request)
+        stats = self.blocks.stats
+        return CacheStep(stats.queries, stats.hits, stats.evictions)
+
+    def _cache_step(self, before: CacheStep) -> CacheStep:
+        stats = self.blocks.stats
+        return CacheStep(stats.queries - before.queries, stats.hits - before.hits,
+                         stats.evictions - before.evictions, self.blocks.num_cached_blocks)
 
     def _check(self, plan: BatchPlan) -> None:
         """Plans are trusted to be frugal, but a broken one must fail loudly, not corrupt the cache."""
@@ -193,6 +231,8 @@ class Scheduler:
     def _admit(self, admitted: list[Request]) -> None:
         for request in admitted:
             self.waiting.remove(request)
+            if self.blocks.caching:
+                self.blocks.acquire(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             if request.timings.first_scheduled is None:
@@ -202,3 +242,7 @@ class Scheduler:
         """The step ran: its tokens are now in the KV cache."""
         for request, num_tokens, context_len in result.scheduled:
             request.num_computed_tokens = context_len + num_tokens
+        if self.blocks.caching:
+            register = self.blocks.register
+            for s in result.scheduled:
+                register(s.request)

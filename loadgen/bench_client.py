@@ -145,8 +145,10 @@ def resolve_model_name(options: BenchOptions) -> str:
 
 
 def make_prompts(specs: list[RequestSpec], source: PromptSource, text: bool) -> list[str | list[int]]:
-    """Built before the run so tokenizing never delays a send."""
-    return [source.text(s.prompt_tokens) if text else source.token_ids(s.prompt_tokens) for s in specs]
+    """Built before the run so tokenizing never delays a send. Requests of one prefix group start
+    with the same tokens (text), so a server with prefix caching can reuse them."""
+    ids = [source.prompt_ids(s.prompt_tokens, s.prefix_group, s.prefix_tokens) for s in specs]
+    return [source.tokenizer.decode(i) for i in ids] if text else ids
 
 
 def run_bench(specs: list[RequestSpec], prompts: list[str | list[int]], options: BenchOptions, slo: SLO,

@@ -56,6 +56,7 @@ class PromptSource:
         self._rng = np.random.default_rng(seed)
         self._unit = _encode_plain(tokenizer, TEXT if text is None else text) + _encode_plain(tokenizer, "\n\n")
         self._stream = list(self._unit)
+        self._groups: dict[str, list[int]] = {}
 
     def token_ids(self, n: int) -> list[int]:
         """Exactly n tokens of running text."""
@@ -66,6 +67,22 @@ class PromptSource:
 
     def text(self, n: int) -> str:
         return self.tokenizer.decode(self.token_ids(n))
+
+    def shared_token_ids(self, group: str, n: int) -> list[int]:
+        """The first n tokens of `group`'s own text: every call for a group gives prefixes of one
+        stream, which opens with the group's name so that no two groups share a block."""
+        stream = self._groups.get(group)
+        if stream is None:
+            offset = int(np.random.default_rng(list(group.encode())).integers(0, len(self._unit)))
+            stream = self._groups[group] = _encode_plain(self.tokenizer, f"[{group}]\n") + self._unit[offset:]
+        while len(stream) < n:
+            stream += self._unit
+        return stream[:n]
+
+    def prompt_ids(self, n: int, group: str | None = None, shared: int = 0) -> list[int]:
+        """n tokens: the first `shared` of them the group's (see shared_token_ids), the rest running text."""
+        head = self.shared_token_ids(group, shared) if group is not None and shared else []
+        return head + (self.token_ids(n - len(head)) if n > len(head) else [])
 
 
 def _encode_plain(tokenizer: Tokenizer, text: str) -> list[int]:

@@ -17,7 +17,7 @@ import csv
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,6 +35,8 @@ class RequestSpec:
     output_tokens: int    # exact: clients send max_tokens=this with ignore_eos
     phase: str            # name of the workload phase it came from
     slo_class: str | None = None   # the SLO class the request asks for (None: the server's default)
+    prefix_group: str | None = None  # its first prefix_tokens are the first tokens of this group's shared text
+    prefix_tokens: int = 0           # (a system prompt, or a conversation's history); the rest is its own
 
 
 # ---- arrival processes -------------------------------------------------------------------------
@@ -182,6 +184,64 @@ def read_trace(path: str, replay: bool = False) -> Trace:
     return Trace(pairs, replay, path)
 
 
+# ---- shared prefixes ---------------------------------------------------------------------------
+
+SHARING_KINDS = ("system-prompt", "multi-turn")
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How a stream's prompts share prefixes (prefix caching workloads).
+
+    system-prompt: every prompt starts with the same `tokens`-token system prompt, then its own
+    message (the stream's prompt length). multi-turn: `conversations` open at a time, each of
+    `turns` (uniform) turns; a request is the next turn of a random open one and resends its whole
+    history (earlier messages and replies, each of the stream's lengths) before its new message;
+    a conversation whose next turn would pass `max_history` tokens ends early."""
+
+    kind: str
+    tokens: int = 500
+    turns: tuple[int, int] = (3, 8)
+    conversations: int = 8
+    max_history: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.kind not in SHARING_KINDS:
+            raise ValueError(f"unknown sharing kind {self.kind!r} (known: {', '.join(SHARING_KINDS)})")
+        low, high = self.turns
+        if not (self.tokens >= 1 and 1 <= low <= high and self.conversations >= 1 and self.max_history >= 1):
+            raise ValueError(f"sharing needs tokens >= 1, 1 <= turns min <= max, conversations >= 1, got {self}")
+
+    def apply(self, label: str, specs: list[RequestSpec], rng: np.random.Generator) -> list[RequestSpec]:
+        if self.kind == "system-prompt":
+            return [replace(s, prompt_tokens=self.tokens + s.prompt_tokens, prefix_group=f"{label}/system",
+                            prefix_tokens=self.tokens) for s in specs]
+        return self._turns(label, specs, rng)
+
+    def _turns(self, label: str, specs: list[RequestSpec], rng: np.random.Generator) -> list[RequestSpec]:
+        """Each spec's lengths are its new message and its reply; its prompt is the history plus the message."""
+        opened = 0
+        open_: list[list[int]] = []         # [conversation id, turns left, history tokens]
+        out = []
+        for spec in specs:
+            while len(open_) < self.conversations:
+                open_.append([opened, int(rng.integers(self.turns[0], self.turns[1] + 1)), 0])
+                opened += 1
+            i = int(rng.integers(len(open_)))
+            conv = open_[i]
+            if conv[2] and conv[2] + spec.prompt_tokens + spec.output_tokens > self.max_history:
+                conv[:] = [opened, int(rng.integers(self.turns[0], self.turns[1] + 1)), 0]
+                opened += 1
+            prompt = conv[2] + spec.prompt_tokens
+            out.append(replace(spec, prompt_tokens=prompt, prefix_group=f"{label}/conversation-{conv[0]}",
+                               prefix_tokens=prompt))
+            conv[1] -= 1
+            conv[2] = prompt + spec.output_tokens
+            if conv[1] == 0:
+                open_.pop(i)
+        return out
+
+
 # ---- workloads ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -193,6 +253,7 @@ class Stream:
     lengths: Lengths = CHAT
     rate: float = 1.0              # multiplier of the phase's rate
     slo_class: str | None = None   # None: the server's default class
+    sharing: Sharing | None = None # shared prompt prefixes (None: every prompt its own)
 
     def __post_init__(self) -> None:
         if not self.rate > 0:
@@ -208,7 +269,8 @@ class Phase:
     requests: int | None = None    # or: exactly this many requests, whatever the run's size
     rate: float = 1.0              # multiplier of the workload's base qps
     slo_class: str | None = None   # None: the server's default class
-    streams: tuple[Stream, ...] = ()   # concurrent streams; when given, arrival/lengths/slo_class are unused
+    streams: tuple[Stream, ...] = ()   # concurrent streams; when given, arrival/lengths/slo_class/sharing are unused
+    sharing: Sharing | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "streams", tuple(self.streams))
@@ -231,7 +293,7 @@ class Phase:
     def labelled_streams(self) -> list[tuple[str, Stream]]:
         """(RequestSpec.phase label, stream): a phase without streams is one stream named after it."""
         if not self.streams:
-            return [(self.name, Stream(self.name, self.arrival, self.lengths, 1.0, self.slo_class))]
+            return [(self.name, Stream(self.name, self.arrival, self.lengths, 1.0, self.slo_class, self.sharing))]
         return [(f"{self.name}/{s.name}", s) for s in self.streams]
 
 
@@ -286,10 +348,13 @@ def generate(workload: Workload, qps: float | None = None, num_requests: int | N
             n = phase.requests if phase.requests is not None else counts[i]
             times = _arrivals_count([s.arrival for _, s in streams], arrival_rngs, rates, n)
             end = start + max((float(t[-1]) for t in times if len(t)), default=0.0)
-        for (label, stream), t, g in zip(streams, times, length_rngs):
+        for k, ((label, stream), t, g) in enumerate(zip(streams, times, length_rngs)):
             prompts, outputs = stream.lengths.sample(g, len(t))
-            specs += [RequestSpec(start + float(a), int(p), int(o), label, stream.slo_class)
-                      for a, p, o in zip(t, prompts, outputs)]
+            own = [RequestSpec(start + float(a), int(p), int(o), label, stream.slo_class)
+                   for a, p, o in zip(t, prompts, outputs)]
+            if stream.sharing is not None:   # its own seeded stream: lengths and arrivals stay as without it
+                own = stream.sharing.apply(label, own, np.random.default_rng(keys[k] + [2]))
+            specs += own
         start = end
     specs.sort(key=lambda s: s.arrival_s)
     if duration_s is not None:
@@ -398,7 +463,7 @@ def parse_workload(name: str, data: Any, base_dir: str = ".") -> Workload:
 
 def _parse_phase(data: Any, index: int, base_dir: str) -> Phase:
     data = _mapping(data, f"phase {index + 1}",
-                    {"name", "share", "requests", "rate", "arrival", "lengths", "slo_class", "streams"})
+                    {"name", "share", "requests", "rate", "arrival", "lengths", "slo_class", "streams", "sharing"})
     name = str(data.get("name", f"phase-{index + 1}"))
     try:
         streams = data.get("streams", [])
@@ -409,20 +474,22 @@ def _parse_phase(data: Any, index: int, base_dir: str) -> Phase:
                      share=None if data.get("share") is None else float(data["share"]),
                      requests=None if data.get("requests") is None else int(data["requests"]),
                      rate=float(data.get("rate", 1.0)), slo_class=_slo_class(data.get("slo_class")),
-                     streams=tuple(_parse_stream(s, j, data, base_dir) for j, s in enumerate(streams)))
+                     streams=tuple(_parse_stream(s, j, data, base_dir) for j, s in enumerate(streams)),
+                     sharing=_parse_sharing(data.get("sharing")))
     except (TypeError, ValueError) as e:
         raise ValueError(str(e) if str(e).startswith("phase ") else f"phase {name!r}: {e}") from e
 
 
 def _parse_stream(data: Any, index: int, phase: Mapping[str, Any], base_dir: str) -> Stream:
     """A stream takes arrival, lengths and slo_class from its phase unless it gives its own."""
-    data = _mapping(data, f"stream {index + 1}", {"name", "rate", "arrival", "lengths", "slo_class"})
+    data = _mapping(data, f"stream {index + 1}", {"name", "rate", "arrival", "lengths", "slo_class", "sharing"})
     name = str(data.get("name", f"stream-{index + 1}"))
     pick = lambda key, default: data.get(key, phase.get(key, default))  # noqa: E731
     try:
         return Stream(name, _parse_arrival(pick("arrival", "poisson")),
                       _parse_lengths(pick("lengths", "chat"), base_dir),
-                      float(data.get("rate", 1.0)), _slo_class(pick("slo_class", None)))
+                      float(data.get("rate", 1.0)), _slo_class(pick("slo_class", None)),
+                      _parse_sharing(pick("sharing", None)))
     except (TypeError, ValueError) as e:
         raise ValueError(str(e) if str(e).startswith("stream ") else f"stream {name!r}: {e}") from e
 
@@ -433,6 +500,18 @@ def _slo_class(value: Any) -> str | None:
         return None
     shipped_slo_classes().get(str(value))    # ValueError naming the known classes
     return str(value)
+
+
+def _parse_sharing(data: Any) -> Sharing | None:
+    """{kind: system-prompt, tokens: N} | {kind: multi-turn, turns: [min, max], conversations: K, max_history: T}"""
+    if data is None:
+        return None
+    data = _mapping(data, "sharing", {"kind", "tokens", "turns", "conversations", "max_history"})
+    turns = data.get("turns", [3, 8])
+    if not (isinstance(turns, list) and len(turns) == 2):
+        raise ValueError("sharing turns must be [min, max]")
+    return Sharing(str(data.get("kind")), int(data.get("tokens", 500)), (int(turns[0]), int(turns[1])),
+                   int(data.get("conversations", 8)), int(data.get("max_history", 4096)))
 
 
 def _parse_arrival(data: Any) -> ArrivalProcess:

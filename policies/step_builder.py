@@ -150,7 +150,7 @@ class StepBuilder:
         if tokens:
             self.tokens_left += tokens
             self.plan.scheduled[:] = [c for c in self.plan.scheduled if c.request_id != victim.request_id]
-        self.free_blocks += blocks + victim.num_blocks
+        self.free_blocks += blocks + self.view.blocks_freed_by_preempting(victim)
         if victim.request_id in self.plan.admitted:
             self.plan.admitted.remove(victim.request_id)
         else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,11 +80,18 @@ class SchedulerView:
     tolerated_long_gaps: float = 0.0    # token gaps over their TBT target that the SLO percentile tolerates
     long_gaps: int = 0                  # ... and those that happened, over the same recent horizon
     arrival_guard_s: float = math.inf   # the longest step an arrival of the tightest SLO class can wait out
+    # with prefix caching, blocks a request shares stay held when it is preempted: the blocks it alone holds
+    exclusive_blocks: Callable[[SequenceState], int] | None = None
 
     def blocks_needed(self, seq: SequenceState, num_new_tokens: int) -> int:
         """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens."""
         total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
         return max(0, total - seq.num_blocks)
+
+    def blocks_freed_by_preempting(self, seq: SequenceState) -> int:
+        if self.exclusive_blocks is None:
+            return seq.num_blocks
+        return self.exclusive_blocks(seq)
 
     @property
     def kv_usage(self) -> float:

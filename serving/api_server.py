@@ -141,7 +141,8 @@ def _make_request(state: ServerState, loop: EngineLoop, body: SamplingFields, pr
             prompt_len = len(prompt) if isinstance(prompt, list) else len(loop.engine.tokenizer.encode(prompt))
             if 0 < prompt_len < max_len and params.max_tokens > max_len - prompt_len:
                 params = body.model_copy(update={"max_tokens": max_len - prompt_len}).sampling_params(0)
-        return loop.engine.make_request(prompt, params, f"cmpl-{uuid.uuid4().hex}", slo=slo)
+        return loop.engine.make_request(prompt, params, f"cmpl-{uuid.uuid4().hex}", slo=slo,
+                                        cache_salt=body.cache_salt)
     except InvalidRequestError as e:
         raise ApiError(400, str(e), param=e.param) from e
 
@@ -241,10 +242,11 @@ async def _sse_lines(first: RequestOutput, rest: AsyncIterator[RequestOutput], c
         yield chunk([], _usage_of(last))
 
 
-def _usage_of(out: RequestOutput) -> dict[str, int]:
+def _usage_of(out: RequestOutput) -> dict[str, Any]:
     completion = len(out.token_ids)
     return {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": completion,
-            "total_tokens": out.num_prompt_tokens + completion}
+            "total_tokens": out.num_prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens}}
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -75,6 +75,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", default=None, help="where tuner state lives (default ./state)")
     p.add_argument("--no-tune", dest="tune", action="store_const", const=False, default=None,
                    help="serve with fixed knobs, no online tuning")
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=False, default=None,
+                   help="recompute every prompt instead of reusing the KV blocks of prefixes already in the pool")
     p.add_argument("--no-calibrate", dest="calibrate", action="store_const", const=False, default=None,
                    help="where no cost model describes this model/dtype/machine, skip the start-up calibration "
                         "(~1 min) and scale the shipped one by live step times")
@@ -210,7 +212,7 @@ def run_serve(args: argparse.Namespace) -> None:
 
     overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "device", "policy", "kv_cache_memory_mb",
                                                "max_waiting", "api_key", "grace_s", "state_dir", "tune",
-                                               "slo_classes", "calibrate")}
+                                               "slo_classes", "calibrate", "prefix_caching")}
     settings = load_settings(args.config, overrides)
     if args.token_budget:
         settings.knobs = {**settings.knobs, "token_budget": args.token_budget}

@@ -33,6 +33,8 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     min_tokens: int = 0
     slo_class: str | None = None    # the request's SLO class (engine/slo_class.py); wins over X-SLO-Class
+    cache_salt: str | None = Field(default=None, min_length=1, description=(
+        "as vLLM: prefix-cache blocks are shared only among requests with the same salt (a tenant)"))
 
     @field_validator("n")
     @classmethod

@@ -46,6 +46,7 @@ class Settings:
     slo_classes: str = str(SHIPPED_SLO_CLASSES)            # YAML file of the classes requests may name
     tune: bool = True
     calibrate: bool = True            # at start-up, where no cost model describes this model/dtype/machine
+    prefix_caching: bool = True       # reuse the KV blocks of prompt prefixes already computed
     state_dir: str = "state"
     peak_flops: float | None = None
     peak_bandwidth: float | None = None
@@ -54,7 +55,7 @@ class Settings:
         return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, block_size=self.block_size,
                             kv_cache_memory_mb=self.kv_cache_memory_mb, num_kv_blocks=self.num_kv_blocks,
                             max_model_len=self.max_model_len, policy=self.policy, knobs=self.knob_values(),
-                            max_token_budget=self.max_token_budget)
+                            max_token_budget=self.max_token_budget, enable_prefix_caching=self.prefix_caching)
 
     def knob_values(self) -> Knobs:
         try:

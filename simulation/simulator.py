@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from engine.block_manager import BlockManager
+from engine.prefix_cache import PrefixCachingBlockManager
 from simulation.cost_model import CostModel
 from engine.llm_engine import request_record, step_record, token_gaps
 from engine.model_runner import StepTiming
@@ -35,17 +36,20 @@ class RequestLike(Protocol):
     prompt_tokens: int
     output_tokens: int
     slo_class: str | None
-
+    # optional (loadgen.workload.RequestSpec has them): the prompt's first prefix_tokens are its group's
+    prefix_group: str | None
+    prefix_tokens: int
 
 
 class Simulator:
     def __init__(self, cost: CostModel, num_blocks: int, block_size: int = 16, policy: str = "sarathi",
-                 knobs: Knobs | None = None, coast: bool = True, slo_classes: SloClasses | None = None) -> None:
+                 knobs: Knobs | None = None, coast: bool = True, slo_classes: SloClasses | None = None,
+                 prefix_caching: bool = True) -> None:
         self.cost = cost
         self.slo_classes = slo_classes or shipped_slo_classes()
         self.coast = coast    # replay pure-decode stretches without asking the policy (same result, faster)
         self.now = 0.0
-        self.blocks = BlockManager(num_blocks, block_size)
+        self.blocks = (PrefixCachingBlockManager if prefix_caching else BlockManager)(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, policy, knobs, clock=lambda: self.now)
         self.scheduler.cost = cost      # the deadline policy prices steps with the model that times them
         self.scheduler.arrival_guard_s = self.slo_classes.arrival_guard_s()
@@ -56,6 +60,7 @@ class Simulator:
         self.num_rejected = 0
         self._pending: deque[RequestLike] = deque()
         self._ids = 0
+        self._groups: dict[str, int] = {}
 
     # -- workload --
     def submit(self, items: Iterable[RequestLike]) -> None:
@@ -67,10 +72,10 @@ class Simulator:
         return not self._pending and not self.scheduler.has_work()
 
     def _arrive(self, item: RequestLike) -> None:
-        # prompt ids are never read: a range has the right length and costs nothing
         params = SamplingParams(max_tokens=item.output_tokens, ignore_eos=True)
-        request = Request(f"sim-{self._ids}", range(item.prompt_tokens), params, item.arrival_s,  # type: ignore[arg-type]
-                          slo=self.slo_classes.get(getattr(item, "slo_class", None)))
+        group = getattr(item, "prefix_group", None)
+        request = Request(f"sim-{self._ids}", self._prompt(item, group), params, item.arrival_s,
+                          slo=self.slo_classes.get(getattr(item, "slo_class", None)), cacheable=group is not None)
         self._ids += 1
         for listener in self.arrival_listeners:
             listener(request)
@@ -78,6 +83,18 @@ class Simulator:
             self.num_rejected += 1     # the engine answers such a request with a 400
             return
         self.scheduler.add(request)
+
+    def _prompt(self, item: RequestLike, group: str | None) -> list[int]:
+        """Token ids only the prefix cache reads: a request of a prefix group starts with its group's
+        ids, then ids no other request has. Without a group the ids are never read: a range has the
+        right length and costs nothing (and the request is not cacheable)."""
+        n = item.prompt_tokens
+        if group is None:
+            return range(n)  # type: ignore[return-value]
+        gid = self._groups.setdefault(group, len(self._groups) + 1)
+        shared = min(n, item.prefix_tokens)
+        own = -(self._ids + 1) << 24         # negative: never a group's; lengths stay below 2^24
+        return list(range(gid << 24, (gid << 24) + shared)) + list(range(own, own + n - shared))
 
     # -- time --
     def run_until(self, t_end: float) -> None:

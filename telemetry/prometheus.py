@@ -60,6 +60,14 @@ class PrometheusMetrics:
         self.knob = Gauge(P + "knob", "Current scheduler knob values.", labels + ["knob"], registry=r)
         self.knobs_version = Gauge(P + "knobs_version", "Version of the knobs in force.", labels, registry=r)
         self.policy = Gauge(P + "policy_info", "1 for the scheduling policy in force.", labels + ["policy"], registry=r)
+        self.cache_queries = Counter(P + "prefix_cache_queries", "Prompt tokens of admitted requests looked up in "
+                                     "the prefix cache (first admissions).", labels, registry=r)
+        self.cache_hits = Counter(P + "prefix_cache_hits", "Of those, tokens found cached (not recomputed).",
+                                  labels, registry=r)
+        self.cache_evictions = Counter(P + "prefix_cache_evictions", "Cached KV blocks reused for other content.",
+                                       labels, registry=r)
+        self.cached_blocks = Gauge(P + "prefix_cache_blocks", "KV blocks holding reusable prefix content.", labels,
+                                   registry=r)
         self.hardware = Gauge(P + "device_sample", "Latest device sample (NVML or CPU).", labels + ["metric"],
                               registry=r)
         self._ewma_ratio: float | None = None
@@ -78,6 +86,10 @@ class PrometheusMetrics:
         self.step_tokens.labels(m, "prefill").inc(s.num_prefill_tokens)
         self.step_tokens.labels(m, "decode").inc(s.num_decode_tokens)
         self.step_seconds.labels(m).observe(s.duration_s)
+        self.cache_queries.labels(m).inc(s.prefix_cache_queries)
+        self.cache_hits.labels(m).inc(s.prefix_cache_hits)
+        self.cache_evictions.labels(m).inc(s.prefix_cache_evictions)
+        self.cached_blocks.labels(m).set(s.prefix_cache_blocks)
 
     def on_arrival(self, request: Request) -> None:
         self.prompt_len.labels(self._model).observe(request.num_prompt_tokens)

@@ -82,6 +82,7 @@ class WindowSummary:
     num_preemptions: int
     mfu: float | None
     mbu: float | None
+    prefix_cache_hit_rate: float | None = None   # cached share of the prompt tokens admitted in the window
     hardware: dict[str, float] = field(default_factory=dict)
     goodput_by_class: dict[str, float] = field(default_factory=dict)           # SLO class -> requests/s met
     slo_attainment_by_class: dict[str, float] = field(default_factory=dict)    # SLO class -> share met
@@ -171,7 +172,7 @@ class TelemetryWindow:
             num_waiting_mean=float(np.mean([s.num_waiting for s in steps])) if steps else 0.0,
             num_preemptions=sum(s.num_preempted for s in steps),
             mfu=self._utilisation(steps, seconds, "flops"), mbu=self._utilisation(steps, seconds, "bytes"),
-            hardware=dict(self.hardware),
+            prefix_cache_hit_rate=_hit_rate(steps), hardware=dict(self.hardware),
             goodput_by_class={c: sum(m) / seconds for c, m in by_class.items()},
             slo_attainment_by_class={c: sum(m) / len(m) for c, m in by_class.items()},
             finished_by_class={c: len(m) for c, m in by_class.items()},
@@ -194,6 +195,11 @@ def _by_class(records: list[RequestRecord], met: list[bool]) -> dict[str, list[b
     for r, m in zip(records, met):
         out.setdefault(r.slo_class, []).append(m)
     return out
+
+
+def _hit_rate(steps: list[StepRecord]) -> float | None:
+    queries = sum(s.prefix_cache_queries for s in steps)
+    return sum(s.prefix_cache_hits for s in steps) / queries if queries else None
 
 
 def _token_ratio(finished: list[RequestRecord], arrivals: list[Arrival]) -> float | None:

@@ -212,3 +212,14 @@ def test_slo_class_from_body_field_or_header(server, client, monkeypatch):
                    "header": ("batch", 30.0, 2.0), "chat body": ("batch", 30.0, 2.0),
                    "body wins": ("interactive", 2.0, 0.25)}
     wait_idle(server)
+
+
+def test_cache_salt_keeps_tenants_apart_and_usage_reports_cached_tokens(server, client):
+    prompt = " ".join(f"w{i}" for i in range(40, 53))          # 13 tokens: 3 full blocks of 4 to reuse
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=2, temperature=0, extra_body={"ignore_eos": True})
+    cached = lambda salt: client.completions.create(  # noqa: E731
+        **{**kwargs, "extra_body": {"ignore_eos": True, "cache_salt": salt}}).usage.prompt_tokens_details.cached_tokens
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") == 12
+    assert cached("tenant-b") == 0                     # the same prompt, another tenant: nothing shared
+    wait_idle(server)

@@ -1,0 +1,190 @@
+"""Automatic prefix caching: KV blocks found by their content (vLLM V1's KVCacheManager/BlockPool).
+
+A full block's key is a SHA-256 chained over its tokens and its prefix block's key, starting from
+the request's cache salt, so equal keys mean equal tokens at equal positions after an equal
+prefix: equal K/V. (The model, dtype and block size are fixed for a pool's life, so they need no
+place in the key.) SHA-256 rather than Python's hash: a tenant must not be able to craft a
+collision with another's blocks (vLLM's CVE-2025-25183).
+
+A waiting request is probed each step (no reference taken): its leading full blocks found in the
+pool count as computed, so policies and the cost model see only the uncached tokens as prefill.
+Admission takes references on them; blocks become findable once computed (at commit). Freed
+blocks with content stay cached in the free queue, least recently freed first to be reused, so
+they are evicted only when the pool needs them; blocks without content go to its front.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.block_manager import BlockManager, OutOfBlocksError
+
+if TYPE_CHECKING:
+    from engine.request import Request
+
+NO_SALT_ROOT = hashlib.sha256(b"autotuned-serve prefix cache v1").digest()
+
+
+def root_key(salt: str | None) -> bytes:
+    """The chain's start: per tenant when a salt is given."""
+    if salt is None:
+        return NO_SALT_ROOT
+    return hashlib.sha256(NO_SALT_ROOT + b"salt:" + salt.encode()).digest()
+
+
+def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
+
+
+@dataclass
+class PrefixState:
+    """A request's prefix-cache bookkeeping."""
+
+    keys: list[bytes] = field(default_factory=list)   # chained keys of its first full blocks, computed as needed
+    hits: list[int] = field(default_factory=list)     # waiting: cached blocks of its prefix at the last probe
+    held_hits: int = 0          # waiting: how many of those other requests hold (they cost no free block)
+    version: int = -1           # the pool version `hits` was probed at
+    registered: int = 0         # running: leading blocks of its table already cached (or duplicates)
+    cached_tokens: int = 0      # prompt tokens its first admission found cached
+
+    def forget_blocks(self) -> None:
+        """Its blocks were freed (preempted, finished): probe again from scratch."""
+        self.hits, self.held_hits, self.version, self.registered = [], 0, -1, 0
+
+
+@dataclass
+class CacheStats:
+    """Cumulative, in tokens as vLLM's prefix_cache_queries/hits: first admissions only, since a
+    preempted request finding its own blocks again says nothing about the workload."""
+
+    queries: int = 0
+    hits: int = 0
+    evictions: int = 0          # cached blocks reused for other content
+
+
+class PrefixCachingBlockManager(BlockManager):
+    caching = True
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))   # type: ignore[assignment]
+        self._key_of: list[bytes | None] = [None] * num_blocks
+        self._by_key: dict[bytes, int] = {}
+        self.version = 0        # changes whenever a probe's answer may: a block cached, evicted, taken or freed
+        self.stats = CacheStats()
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._by_key)
+
+    # -- the pool --
+    def allocate(self, count: int) -> list[int]:
+        free = self._free
+        if count > len(free):
+            raise OutOfBlocksError(f"asked for {count} KV blocks, {len(free)} free")
+        blocks = [free.popitem(last=False)[0] for _ in range(count)]
+        for block in blocks:
+            if self._key_of[block] is not None:
+                self._evict(block)
+            self._ref_counts[block] = 1
+        return blocks
+
+    def free(self, blocks: list[int]) -> None:
+        counts, free, key_of = self._ref_counts, self._free, self._key_of
+        for block in reversed(blocks):   # a request's tail first: its prefix, likelier shared, is evicted last
+            count = counts[block]
+            if count < 1:
+                raise ValueError(f"block {block} freed twice")
+            counts[block] = count - 1
+            if count == 1:
+                free[block] = None
+                if key_of[block] is None:
+                    free.move_to_end(block, last=False)   # nothing worth keeping: reused first
+                else:
+                    self.version += 1
+
+    def exclusive_blocks(self, block_table: list[int]) -> int:
+        counts = self._ref_counts
+        return sum(1 for block in block_table if counts[block] == 1)
+
+    def _evict(self, block: int) -> None:
+        del self._by_key[self._key_of[block]]
+        self._key_of[block] = None
+        self.stats.evictions += 1
+        self.version += 1
+
+    # -- requests --
+    def probe(self, request: Request) -> None:
+        """A waiting request's cached prefix: its leading full blocks found in the pool, never
+        reaching its last token (that one must be computed to sample from)."""
+        state = request.cache
+        if state.version == self.version:
+            return
+        state.version = self.version
+        limit = (request.num_tokens - 1) // self.block_size if request.cacheable else 0
+        hits: list[int] = []
+        by_key = self._by_key
+        for i in range(limit):
+            block = by_key.get(self._key(request, i))
+            if block is None:
+                break
+            hits.append(block)
+        counts = self._ref_counts
+        state.hits = hits
+        state.held_hits = sum(1 for block in hits if counts[block] > 0)
+        request.num_computed_tokens = len(hits) * self.block_size
+
+    def acquire(self, request: Request) -> None:
+        """On admission: take the probed blocks. The step that admits a request evicts nothing
+        before this, so the probe still holds."""
+        state, counts, free = request.cache, self._ref_counts, self._free
+        for block in state.hits:
+            if counts[block] == 0:
+                del free[block]
+                self.version += 1
+            counts[block] += 1
+        request.block_table = list(state.hits)
+        num_cached = len(state.hits) * self.block_size
+        if request.num_computed_tokens != num_cached:
+            raise RuntimeError(f"request {request.request_id} admitted with a stale prefix probe")
+        if request.num_preemptions == 0:
+            state.cached_tokens = num_cached
+            self.stats.queries += request.num_tokens
+            self.stats.hits += num_cached
+        state.registered, state.hits, state.held_hits = len(state.hits), [], 0
+
+    def register(self, request: Request) -> None:
+        """After a step: the request's newly computed full blocks become findable. A block whose
+        content is cached already (two requests computed it at once) stays private."""
+        state = request.cache
+        full = request.num_computed_tokens // self.block_size
+        if full <= state.registered or not request.cacheable:
+            return
+        by_key, key_of, table = self._by_key, self._key_of, request.block_table
+        for i in range(state.registered, full):
+            key = self._key(request, i)
+            if key not in by_key:
+                by_key[key] = table[i]
+                key_of[table[i]] = key
+                self.version += 1
+        state.registered = full
+
+    def _key(self, request: Request, i: int) -> bytes:
+        """The key of the request's i-th block (the chain computed up to it first)."""
+        keys = request.cache.keys
+        while len(keys) <= i:
+            j = len(keys)
+            parent = keys[-1] if keys else root_key(request.cache_salt)
+            keys.append(block_key(parent, request.token_ids(j * self.block_size, (j + 1) * self.block_size)))
+        return keys[i]
+
+    def check(self) -> None:
+        """Consistency of the pool (tests): free blocks unreferenced, keys and blocks one to one."""
+        assert all(self._ref_counts[b] == 0 for b in self._free)
+        assert all(self._key_of[b] == k for k, b in self._by_key.items())
+        assert sum(k is not None for k in self._key_of) == len(self._by_key)
