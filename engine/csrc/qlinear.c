@@ -1,0 +1,764 @@
+/* Linear layers on GGUF's quantized weights, kept in GGUF's own block layout.
+ *
+ * y[n, rows] = x[n, cols] @ W[rows, cols]^T with W in Q4_0, Q4_1, Q8_0, Q4_K or Q6_K. As llama.cpp
+ * does, the activations are quantized per block of 32 to 8 bits (one fp32 scale per block, so an
+ * outlier only coarsens its own block) and multiplied with 8-bit integer dot products
+ * (_mm256_maddubs_epi16 / _mm256_madd_epi16); every block's integer sum is scaled and accumulated in
+ * fp32. Decode steps are memory-bound, and these weights are 4.5-8.5 bits instead of fp32's 32.
+ *
+ * Plain C with no Python API, loaded with ctypes (which releases the GIL during a call). The AVX2
+ * kernels are compiled per function (target attribute) and chosen at run time, with a portable
+ * scalar version of each for other CPUs and as the reference in tests. Output rows are split over a
+ * small persistent thread pool (its own pthreads, not OpenMP: a second OpenMP runtime next to
+ * torch's would spin against it).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define QL_X86 1
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline))
+#endif
+
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
+#define QK 32
+#define QKK 256
+
+typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;
+typedef struct { uint16_t d, m; uint8_t qs[16]; } block_q4_1;
+typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } block_q6_K;
+/* a quantized activation block: x ~ d * qs, s = d * sum(qs) (for the weights' offsets and mins) */
+typedef struct { float d, s; int8_t qs[32]; } block_a8;
+
+_Static_assert(sizeof(block_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(block_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(block_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(block_q4_K) == 144, "q4_K");
+_Static_assert(sizeof(block_q6_K) == 210, "q6_K");
+
+/* ---- types ------------------------------------------------------------------------------------ */
+
+static int64_t block_elems(int type) { return (type == T_Q4_K || type == T_Q6_K) ? QKK : QK; }
+
+static int64_t block_bytes(int type) {
+    switch (type) {
+    case T_Q4_0: return sizeof(block_q4_0);
+    case T_Q4_1: return sizeof(block_q4_1);
+    case T_Q8_0: return sizeof(block_q8_0);
+    case T_Q4_K: return sizeof(block_q4_K);
+    case T_Q6_K: return sizeof(block_q6_K);
+    default: return 0;
+    }
+}
+
+int qlin_type_supported(int type) { return block_bytes(type) > 0; }
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0) {
+        float f = ldexpf((float)mant, -24);  /* zero or subnormal */
+        return sign ? -f : f;
+    }
+    bits = exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Q4_K packs 8 six-bit scales and 8 six-bit mins in 12 bytes (llama.cpp's get_scale_min_k4) */
+static void q4k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] = q[j] & 63;
+            m[j] = q[j + 4] & 63;
+        } else {
+            sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+            m[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        }
+    }
+}
+
+/* ---- scalar kernels (any CPU; the tests' second reference) ------------------------------------ */
+
+static void quantize_a8_scalar(const float *x, block_a8 *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, x += QK) {
+        float amax = 0.f;
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        int sum = 0;
+        for (int i = 0; i < QK; i++) {
+            int q = (int)nearbyintf(x[i] * id);
+            y[b].qs[i] = (int8_t)q;
+            sum += q;
+        }
+        y[b].d = d;
+        y[b].s = d * (float)sum;
+    }
+}
+
+/* one weight row (nb32 blocks of 32 along cols) times one activation row */
+static float dot_scalar(int type, const uint8_t *w, const block_a8 *a, int64_t nb32) {
+    float acc = 0.f;
+    if (type == T_Q4_0 || type == T_Q4_1) {
+        const int64_t bytes = block_bytes(type);
+        for (int64_t b = 0; b < nb32; b++) {
+            const uint8_t *blk = w + b * bytes;
+            const uint8_t *qs = type == T_Q4_0 ? ((const block_q4_0 *)blk)->qs : ((const block_q4_1 *)blk)->qs;
+            int sum = 0;
+            for (int i = 0; i < 16; i++) sum += (qs[i] & 0xF) * a[b].qs[i] + (qs[i] >> 4) * a[b].qs[i + 16];
+            float d = half_to_float(*(const uint16_t *)blk);
+            acc += d * a[b].d * (float)sum;
+            acc += type == T_Q4_0 ? -8.f * d * a[b].s : half_to_float(((const block_q4_1 *)blk)->m) * a[b].s;
+        }
+    } else if (type == T_Q8_0) {
+        const block_q8_0 *x = (const block_q8_0 *)w;
+        for (int64_t b = 0; b < nb32; b++) {
+            int sum = 0;
+            for (int i = 0; i < QK; i++) sum += x[b].qs[i] * a[b].qs[i];
+            acc += half_to_float(x[b].d) * a[b].d * (float)sum;
+        }
+    } else if (type == T_Q4_K) {
+        const block_q4_K *x = (const block_q4_K *)w;
+        for (int64_t s = 0; s < nb32 / 8; s++, a += 8) {
+            uint8_t sc[8], m[8];
+            q4k_scales(x[s].scales, sc, m);
+            float d = half_to_float(x[s].d), dmin = half_to_float(x[s].dmin);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *qs = x[s].qs + 32 * (j / 2);
+                int sum = 0;
+                for (int i = 0; i < QK; i++) sum += ((j & 1) ? qs[i] >> 4 : qs[i] & 0xF) * a[j].qs[i];
+                acc += d * sc[j] * a[j].d * (float)sum - dmin * m[j] * a[j].s;
+            }
+        }
+    } else if (type == T_Q6_K) {
+        const block_q6_K *x = (const block_q6_K *)w;
+        for (int64_t s = 0; s < nb32 / 8; s++) {
+            float d = half_to_float(x[s].d);
+            for (int half = 0; half < 2; half++) {
+                const uint8_t *ql = x[s].ql + 64 * half, *qh = x[s].qh + 32 * half;
+                const int8_t *sc = x[s].scales + 8 * half;
+                for (int g = 0; g < 4; g++, a++) {
+                    int sums[2] = {0, 0};
+                    for (int l = 0; l < QK; l++) {
+                        int lo = (g & 1) ? ql[l + 32] : ql[l];
+                        lo = (g & 2) ? lo >> 4 : lo & 0xF;
+                        int q = (lo | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
+                        sums[l / 16] += q * a->qs[l];
+                    }
+                    acc += d * a->d * (float)(sc[2 * g] * sums[0] + sc[2 * g + 1] * sums[1]);
+                }
+            }
+        }
+    }
+    return acc;
+}
+
+static void dequantize_row_scalar(int type, const uint8_t *w, float *y, int64_t cols) {
+    const int64_t nb = cols / block_elems(type), bytes = block_bytes(type);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        if (type == T_Q4_0 || type == T_Q4_1) {
+            const uint8_t *qs = type == T_Q4_0 ? ((const block_q4_0 *)blk)->qs : ((const block_q4_1 *)blk)->qs;
+            float d = half_to_float(*(const uint16_t *)blk);
+            float m = type == T_Q4_0 ? -8.f * d : half_to_float(((const block_q4_1 *)blk)->m);
+            for (int i = 0; i < 16; i++) {
+                y[i] = (qs[i] & 0xF) * d + m;
+                y[i + 16] = (qs[i] >> 4) * d + m;
+            }
+            y += QK;
+        } else if (type == T_Q8_0) {
+            const block_q8_0 *x = (const block_q8_0 *)blk;
+            float d = half_to_float(x->d);
+            for (int i = 0; i < QK; i++) y[i] = x->qs[i] * d;
+            y += QK;
+        } else if (type == T_Q4_K) {
+            const block_q4_K *x = (const block_q4_K *)blk;
+            uint8_t sc[8], m[8];
+            q4k_scales(x->scales, sc, m);
+            float d = half_to_float(x->d), dmin = half_to_float(x->dmin);
+            for (int j = 0; j < 8; j++, y += QK) {
+                const uint8_t *qs = x->qs + 32 * (j / 2);
+                for (int i = 0; i < QK; i++) y[i] = d * sc[j] * ((j & 1) ? qs[i] >> 4 : qs[i] & 0xF) - dmin * m[j];
+            }
+        } else if (type == T_Q6_K) {
+            const block_q6_K *x = (const block_q6_K *)blk;
+            float d = half_to_float(x->d);
+            for (int half = 0; half < 2; half++) {
+                const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
+                const int8_t *sc = x->scales + 8 * half;
+                for (int g = 0; g < 4; g++, y += QK)
+                    for (int l = 0; l < QK; l++) {
+                        int lo = (g & 1) ? ql[l + 32] : ql[l];
+                        lo = (g & 2) ? lo >> 4 : lo & 0xF;
+                        y[l] = d * sc[2 * g + l / 16] * (float)((lo | (((qh[l] >> (2 * g)) & 3) << 4)) - 32);
+                    }
+            }
+        }
+    }
+}
+
+/* ---- AVX2 kernels ------------------------------------------------------------------------------ */
+#ifdef QL_X86
+
+AVX2 static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static inline int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+AVX2 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles first (elements 0..15), then high (16..31) */
+AVX2 static inline __m256i nibbles32(const uint8_t *qs) {
+    __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* unsigned u (0..127) . signed y per 32 bytes -> 8 int32 lanes */
+AVX2 static inline __m256i dot_u8s8(__m256i u, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
+}
+
+AVX2 static void quantize_a8_avx2(const float *x, block_a8 *y, int64_t nb) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < nb; b++, x += QK) {
+        __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+        __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                    _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float d = _mm_cvtss_f32(m4) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        __m256 mul = _mm256_set1_ps(id);
+        const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), rnd));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), rnd));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), rnd));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), rnd));
+        int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+        /* packs work per 128-bit lane: restore element order with a permute */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)y[b].qs, p);
+        y[b].d = d;
+        y[b].s = d * (float)sum;
+    }
+}
+
+/* Each microkernel: one weight row against NA (1..4) activation rows (stride nb32 blocks), so a
+ * weight block is unpacked once per NA rows. Even and odd blocks go to separate accumulators: with
+ * one chain, a single row waits on the FMA latency (~5 cycles) every block. */
+#define NA_MAX 4
+
+typedef struct { __m256 v[2][NA_MAX]; float off[2][NA_MAX]; } accs;
+
+AVX2_INLINE static inline void accs_zero(accs *c) {
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < NA_MAX; j++) {
+            c->v[k][j] = _mm256_setzero_ps();
+            c->off[k][j] = 0.f;
+        }
+}
+
+AVX2_INLINE static inline void accs_out(const accs *c, int na, float *out) {
+    for (int j = 0; j < na; j++) out[j] = hsum_ps(_mm256_add_ps(c->v[0][j], c->v[1][j])) + c->off[0][j] + c->off[1][j];
+}
+
+/* Q4_0 / Q4_1 block b into chain k: d * (q . y) * dy + m * sum(y) * dy */
+AVX2_INLINE static inline void q4_block(int type, const uint8_t *blk, const block_a8 *a, int64_t nb32, int na,
+                                        accs *c, int k) {
+    const int q41 = type == T_Q4_1;
+    __m256i q = nibbles32(q41 ? ((const block_q4_1 *)blk)->qs : ((const block_q4_0 *)blk)->qs);
+    float d = f16(*(const uint16_t *)blk);
+    float m = q41 ? f16(((const block_q4_1 *)blk)->m) : -8.f * d;  /* Q4_0 stores q - 8 */
+    for (int j = 0; j < na; j++) {
+        const block_a8 *ab = a + j * nb32;
+        __m256i p = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)ab->qs));
+        c->v[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), _mm256_cvtepi32_ps(p), c->v[k][j]);
+        c->off[k][j] += m * ab->s;
+    }
+}
+
+AVX2_INLINE static inline void dot_q4_avx2(int type, const uint8_t *w, const block_a8 *a, int64_t nb32, int na,
+                                           float *out) {
+    accs c;
+    accs_zero(&c);
+    const int64_t bytes = block_bytes(type);
+    int64_t b = 0;
+    for (; b + 1 < nb32; b += 2) {
+        q4_block(type, w + b * bytes, a + b, nb32, na, &c, 0);
+        q4_block(type, w + (b + 1) * bytes, a + b + 1, nb32, na, &c, 1);
+    }
+    if (b < nb32) q4_block(type, w + b * bytes, a + b, nb32, na, &c, 0);
+    accs_out(&c, na, out);
+}
+
+AVX2_INLINE static inline void q8_block(const block_q8_0 *x, const block_a8 *a, int64_t nb32, int na, accs *c,
+                                        int k) {
+    __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
+    __m256i qabs = _mm256_sign_epi8(q, q);  /* |q| as unsigned, the sign moved onto y */
+    float d = f16(x->d);
+    for (int j = 0; j < na; j++) {
+        const block_a8 *ab = a + j * nb32;
+        __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ab->qs), q);
+        c->v[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), _mm256_cvtepi32_ps(dot_u8s8(qabs, y)), c->v[k][j]);
+    }
+}
+
+AVX2_INLINE static inline void dot_q8_0_avx2(const uint8_t *w, const block_a8 *a, int64_t nb32, int na, float *out) {
+    accs c;
+    accs_zero(&c);
+    const block_q8_0 *x = (const block_q8_0 *)w;
+    int64_t b = 0;
+    for (; b + 1 < nb32; b += 2) {
+        q8_block(x + b, a + b, nb32, na, &c, 0);
+        q8_block(x + b + 1, a + b + 1, nb32, na, &c, 1);
+    }
+    if (b < nb32) q8_block(x + b, a + b, nb32, na, &c, 0);
+    accs_out(&c, na, out);
+}
+
+AVX2_INLINE static inline void dot_q4_K_avx2(const uint8_t *w, const block_a8 *a, int64_t nb32, int na, float *out) {
+    accs c;
+    accs_zero(&c);
+    const block_q4_K *x = (const block_q4_K *)w;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    for (int64_t s = 0; s < nb32 / 8; s++) {
+        uint8_t sc[8], m[8];
+        q4k_scales(x[s].scales, sc, m);
+        float d = f16(x[s].d), dmin = f16(x[s].dmin);
+        for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in low nibbles, 2p+1 in high */
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(x[s].qs + 32 * p));
+            __m256i q[2] = {_mm256_and_si256(raw, lo4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4)};
+            for (int k = 0; k < 2; k++) {
+                float dk = d * sc[2 * p + k], mk = dmin * m[2 * p + k];
+                for (int j = 0; j < na; j++) {
+                    const block_a8 *ab = a + j * nb32 + 8 * s + 2 * p + k;
+                    __m256i pr = dot_u8s8(q[k], _mm256_loadu_si256((const __m256i *)ab->qs));
+                    c.v[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(dk * ab->d), _mm256_cvtepi32_ps(pr), c.v[k][j]);
+                    c.off[k][j] -= mk * ab->s;
+                }
+            }
+        }
+    }
+    accs_out(&c, na, out);
+}
+
+AVX2_INLINE static inline void dot_q6_K_avx2(const uint8_t *w, const block_a8 *a, int64_t nb32, int na, float *out) {
+    accs c;
+    accs_zero(&c);
+    const block_q6_K *x = (const block_q6_K *)w;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    for (int64_t s = 0; s < nb32 / 8; s++) {
+        float d = f16(x[s].d);
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = x[s].ql + 64 * half, *qh = x[s].qh + 32 * half;
+            const int8_t *sc = x[s].scales + 8 * half;
+            __m256i la = _mm256_loadu_si256((const __m256i *)ql), lb = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i q[4] = {  /* unsigned 6-bit values of the 4 groups of 32 */
+                _mm256_or_si256(_mm256_and_si256(la, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 4), hi2)),
+                _mm256_or_si256(_mm256_and_si256(lb, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 2), hi2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), lo4), _mm256_and_si256(h, hi2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), lo4),
+                                _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2)),
+            };
+            for (int g = 0; g < 4; g++) {
+                /* int16 lanes 0..7 hold elements 0..15 (scale 2g), lanes 8..15 elements 16..31 */
+                __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+                for (int j = 0; j < na; j++) {
+                    const block_a8 *ab = a + j * nb32 + 8 * s + 4 * half + g;
+                    __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
+                    /* (q - 32) . y as q . y - 32 . y, both within int16 */
+                    __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], y), _mm256_maddubs_epi16(k32, y));
+                    __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, scv));
+                    c.v[g & 1][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), f, c.v[g & 1][j]);
+                }
+            }
+        }
+    }
+    accs_out(&c, na, out);
+}
+
+/* 32 int8 values -> 32 floats: y = v * scale + offset, scale_lo for elements 0..15, scale_hi for 16..31 */
+AVX2_INLINE static inline void store32(__m256i v, float *y, __m256 scale_lo, __m256 scale_hi, __m256 offset) {
+    __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    __m256 f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    __m256 f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    _mm256_storeu_ps(y, _mm256_fmadd_ps(f0, scale_lo, offset));
+    _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(f1, scale_lo, offset));
+    _mm256_storeu_ps(y + 16, _mm256_fmadd_ps(f2, scale_hi, offset));
+    _mm256_storeu_ps(y + 24, _mm256_fmadd_ps(f3, scale_hi, offset));
+}
+
+AVX2 static void dequantize_row_avx2(int type, const uint8_t *w, float *y, int64_t cols) {
+    const int64_t nb = cols / block_elems(type), bytes = block_bytes(type);
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        if (type == T_Q4_0 || type == T_Q4_1) {
+            const int q41 = type == T_Q4_1;
+            float d = f16(*(const uint16_t *)blk);
+            __m256 dv = _mm256_set1_ps(d);
+            __m256 mv = _mm256_set1_ps(q41 ? f16(((const block_q4_1 *)blk)->m) : -8.f * d);
+            store32(nibbles32(q41 ? ((const block_q4_1 *)blk)->qs : ((const block_q4_0 *)blk)->qs), y, dv, dv, mv);
+            y += QK;
+        } else if (type == T_Q8_0) {
+            const block_q8_0 *x = (const block_q8_0 *)blk;
+            __m256 dv = _mm256_set1_ps(f16(x->d));
+            store32(_mm256_loadu_si256((const __m256i *)x->qs), y, dv, dv, zero);
+            y += QK;
+        } else if (type == T_Q4_K) {
+            const block_q4_K *x = (const block_q4_K *)blk;
+            uint8_t sc[8], m[8];
+            q4k_scales(x->scales, sc, m);
+            float d = f16(x->d), dmin = f16(x->dmin);
+            for (int p = 0; p < 4; p++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * p));
+                __m256i q[2] = {_mm256_and_si256(raw, lo4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4)};
+                for (int k = 0; k < 2; k++, y += QK) {
+                    __m256 dv = _mm256_set1_ps(d * sc[2 * p + k]);
+                    store32(q[k], y, dv, dv, _mm256_set1_ps(-dmin * m[2 * p + k]));
+                }
+            }
+        } else if (type == T_Q6_K) {
+            const block_q6_K *x = (const block_q6_K *)blk;
+            float d = f16(x->d);
+            for (int half = 0; half < 2; half++) {
+                const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
+                const int8_t *sc = x->scales + 8 * half;
+                __m256i la = _mm256_loadu_si256((const __m256i *)ql);
+                __m256i lb = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+                __m256i q[4] = {
+                    _mm256_or_si256(_mm256_and_si256(la, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 4), hi2)),
+                    _mm256_or_si256(_mm256_and_si256(lb, lo4), _mm256_and_si256(_mm256_slli_epi16(h, 2), hi2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), lo4), _mm256_and_si256(h, hi2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), lo4),
+                                    _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2)),
+                };
+                for (int g = 0; g < 4; g++, y += QK)
+                    store32(_mm256_sub_epi8(q[g], k32), y, _mm256_set1_ps(d * sc[2 * g]),
+                            _mm256_set1_ps(d * sc[2 * g + 1]), zero);
+            }
+        }
+    }
+}
+
+/* na as a constant in each case, so the accumulators stay in registers */
+#define FOR_NA(call)                                  \
+    switch (na) {                                     \
+    case 1: { const int na = 1; call; } break;        \
+    case 2: { const int na = 2; call; } break;        \
+    case 3: { const int na = 3; call; } break;        \
+    default: { const int na = 4; call; } break;       \
+    }
+
+AVX2 static void dot_avx2(int type, const uint8_t *w, const block_a8 *a, int64_t nb32, int na, float *out) {
+    switch (type) {
+    case T_Q4_0: FOR_NA(dot_q4_avx2(T_Q4_0, w, a, nb32, na, out)); break;
+    case T_Q4_1: FOR_NA(dot_q4_avx2(T_Q4_1, w, a, nb32, na, out)); break;
+    case T_Q8_0: FOR_NA(dot_q8_0_avx2(w, a, nb32, na, out)); break;
+    case T_Q4_K: FOR_NA(dot_q4_K_avx2(w, a, nb32, na, out)); break;
+    case T_Q6_K: FOR_NA(dot_q6_K_avx2(w, a, nb32, na, out)); break;
+    }
+}
+#endif /* QL_X86 */
+
+/* ---- dispatch: ISA ----------------------------------------------------------------------------- */
+
+static int g_isa = -1;  /* 0 scalar, 1 avx2; -1 not yet detected */
+
+static int cpu_has_avx2(void) {
+#ifdef QL_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+/* 1 if the AVX2 kernels run on this CPU */
+int qlin_cpu_avx2(void) { return cpu_has_avx2(); }
+
+static int isa(void) {
+    if (g_isa < 0) g_isa = cpu_has_avx2();
+    return g_isa;
+}
+
+/* force the scalar kernels (0) or the best this CPU has (1); returns the ISA now in use */
+int qlin_set_isa(int want) {
+    g_isa = want && cpu_has_avx2();
+    return g_isa;
+}
+
+static void quantize_a8(const float *x, block_a8 *y, int64_t nb) {
+#ifdef QL_X86
+    if (isa()) { quantize_a8_avx2(x, y, nb); return; }
+#endif
+    quantize_a8_scalar(x, y, nb);
+}
+
+static void dequantize_row(int type, const uint8_t *w, float *y, int64_t cols) {
+#ifdef QL_X86
+    if (isa()) { dequantize_row_avx2(type, w, y, cols); return; }
+#endif
+    dequantize_row_scalar(type, w, y, cols);
+}
+
+static void dot_rows(int type, const uint8_t *w, const block_a8 *a, int64_t nb32, int na, float *out) {
+#ifdef QL_X86
+    if (isa()) { dot_avx2(type, w, a, nb32, na, out); return; }
+#endif
+    for (int j = 0; j < na; j++) out[j] = dot_scalar(type, w, a + j * nb32, nb32);
+}
+
+/* ---- thread pool ------------------------------------------------------------------------------- */
+/* A job is cut into chunks that every thread, the caller included, claims one at a time: when a
+ * worker is descheduled (2 cores shared with torch and other processes) the caller simply does its
+ * share instead of spinning on it. A claim is a CAS on (generation << 32 | next chunk), so a worker
+ * that wakes after its job ended can never take a chunk of the next one. */
+
+#define MAX_THREADS 64
+#define SPIN_ITERS 4000  /* ~100 us of pause before a worker sleeps: a step's matmuls come that close */
+
+typedef void (*task_fn)(void *arg, int64_t chunk, int64_t nchunks);
+
+static struct {
+    int nth;  /* threads including the caller; 0 until started */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_uint gen;         /* bumped to publish a job */
+    atomic_int park;         /* set: spinning workers go to sleep now (torch's threads want the cores) */
+    atomic_uint_fast64_t claim;  /* gen << 32 | next chunk */
+    atomic_int_fast64_t done;    /* chunks finished */
+    int64_t nchunks;
+    task_fn fn;
+    void *arg;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one job at a time uses the pool */
+
+static inline void cpu_relax(void) {
+#ifdef QL_X86
+    __builtin_ia32_pause();
+#endif
+}
+
+/* claim and run chunks of job `gen` until none is left */
+static void run_chunks(unsigned gen) {
+    const int64_t total = pool.nchunks;
+    uint_fast64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+    for (;;) {
+        if ((unsigned)(c >> 32) != gen || (int64_t)(c & 0xffffffffu) >= total) return;
+        if (!atomic_compare_exchange_weak_explicit(&pool.claim, &c, c + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        pool.fn(pool.arg, (int64_t)(c & 0xffffffffu), total);
+        atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+        c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+    }
+}
+
+static void *worker(void *unused) {
+    (void)unused;
+    unsigned seen = atomic_load(&pool.gen);
+    for (;;) {
+        unsigned g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen) {
+            if (++spins < SPIN_ITERS && !atomic_load_explicit(&pool.park, memory_order_relaxed)) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&pool.mu);
+            while (atomic_load(&pool.gen) == seen) pthread_cond_wait(&pool.cv, &pool.mu);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        seen = g;
+        run_chunks(g);
+    }
+    return NULL;
+}
+
+/* a forked child has no workers: start again from one thread */
+static void after_fork_child(void) {
+    pool.nth = 0;
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.cv, NULL);
+    pthread_mutex_init(&call_mu, NULL);
+}
+
+/* start the pool once with n threads (the caller is one of them); returns the pool's size */
+int qlin_init_threads(int n) {
+    pthread_mutex_lock(&call_mu);
+    if (pool.nth == 0) {
+        static int registered = 0;
+        if (!registered) registered = pthread_atfork(NULL, NULL, after_fork_child) == 0;
+        n = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+        pool.nth = 1;
+        for (int i = 1; i < n; i++) {
+            pthread_t th;
+            if (pthread_create(&th, NULL, worker, NULL) != 0) break;
+            pthread_detach(th);
+            pool.nth = i + 1;
+        }
+    }
+    int nth = pool.nth;
+    pthread_mutex_unlock(&call_mu);
+    return nth;
+}
+
+/* send spinning workers to sleep at once: call before handing the cores to torch's own threads */
+void qlin_park(void) { atomic_store_explicit(&pool.park, 1, memory_order_relaxed); }
+
+/* run fn on chunks 0..nchunks-1, spread over the pool (the caller holds call_mu) */
+static void parallel(task_fn fn, void *arg, int64_t nchunks) {
+    if (pool.nth <= 1 || nchunks <= 1) {
+        for (int64_t i = 0; i < nchunks; i++) fn(arg, i, nchunks);
+        return;
+    }
+    unsigned gen = atomic_load(&pool.gen) + 1;
+    atomic_store_explicit(&pool.park, 0, memory_order_relaxed);
+    pool.fn = fn;
+    pool.arg = arg;
+    pool.nchunks = nchunks;
+    atomic_store(&pool.done, 0);
+    atomic_store_explicit(&pool.claim, (uint_fast64_t)gen << 32, memory_order_release);
+    pthread_mutex_lock(&pool.mu);
+    atomic_store_explicit(&pool.gen, gen, memory_order_release);
+    pthread_cond_broadcast(&pool.cv);
+    pthread_mutex_unlock(&pool.mu);
+    run_chunks(gen);
+    /* only chunks a worker claimed are left: wait, yielding the core if that worker is not running */
+    for (int spins = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < nchunks; spins++) {
+        if (spins < SPIN_ITERS) cpu_relax();
+        else sched_yield();
+    }
+}
+
+static void chunk_range(int64_t total, int64_t chunk, int64_t nchunks, int64_t *lo, int64_t *hi) {
+    *lo = total * chunk / nchunks;
+    *hi = total * (chunk + 1) / nchunks;
+}
+
+/* chunks for `total` units of work: ~`grain` units each, at least one per thread when it pays */
+static int64_t num_chunks(int64_t total, int64_t grain) {
+    int64_t n = total / grain;
+    return n < 1 ? 1 : n > total ? total : n;
+}
+
+/* ---- matmul ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    int type;
+    const uint8_t *w;
+    int64_t rows, row_bytes, nb32, n, ldy;
+    const float *x;
+    block_a8 *a;
+    float *y;
+} mm_job;
+
+static void quantize_task(void *p, int64_t chunk, int64_t nchunks) {
+    mm_job *j = p;
+    int64_t lo, hi;
+    chunk_range(j->n, chunk, nchunks, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) quantize_a8(j->x + r * j->nb32 * QK, j->a + r * j->nb32, j->nb32);
+}
+
+static void matmul_task(void *p, int64_t chunk, int64_t nchunks) {
+    mm_job *j = p;
+    int64_t lo, hi;
+    chunk_range(j->rows, chunk, nchunks, &lo, &hi);
+    float out[NA_MAX];
+    for (int64_t r = lo; r < hi; r++) {
+        const uint8_t *wr = j->w + r * j->row_bytes;
+        for (int64_t c = 0; c < j->n; c += NA_MAX) {
+            int na = j->n - c < NA_MAX ? (int)(j->n - c) : NA_MAX;
+            dot_rows(j->type, wr, j->a + c * j->nb32, j->nb32, na, out);
+            for (int t = 0; t < na; t++) j->y[(c + t) * j->ldy + r] = out[t];
+        }
+    }
+}
+
+static block_a8 *scratch_a8(int64_t blocks) {
+    static block_a8 *buf = NULL;
+    static int64_t cap = 0;
+    if (blocks > cap) {
+        block_a8 *grown = realloc(buf, (size_t)blocks * sizeof(block_a8));
+        if (!grown) return NULL;
+        buf = grown;
+        cap = blocks;
+    }
+    return buf;
+}
+
+/* y[i, r] (row stride ldy) = sum_k x[i, k] * W[r, k] for i < n, r < rows.
+ * W: rows x row_bytes of GGUF blocks of `type`; x: n x cols fp32, contiguous.
+ * Returns 0, -1 for an unsupported type, -2 for cols not a multiple of the block, -3 out of memory. */
+int qlin_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
+                int64_t ldy) {
+    if (!qlin_type_supported(type)) return -1;
+    if (cols % block_elems(type) != 0) return -2;
+    pthread_mutex_lock(&call_mu);
+    mm_job job = {type, w, rows, cols / block_elems(type) * block_bytes(type), cols / QK, n, ldy, x, NULL, y};
+    job.a = scratch_a8(n * job.nb32);
+    if (!job.a) { pthread_mutex_unlock(&call_mu); return -3; }
+    parallel(quantize_task, &job, num_chunks(n, 16));
+    /* chunks of ~16K weight-activation products (a few microseconds): below that the hand-off costs more */
+    parallel(matmul_task, &job, num_chunks(rows, 1 + (16384 - 1) / (n * cols)));
+    pthread_mutex_unlock(&call_mu);
+    return 0;
+}
+
+typedef struct {
+    int type;
+    const uint8_t *w;
+    int64_t rows, row_bytes, cols, ldy;
+    const int64_t *ids;
+    float *y;
+} dq_job;
+
+static void dequantize_task(void *p, int64_t chunk, int64_t nchunks) {
+    dq_job *j = p;
+    int64_t lo, hi;
+    chunk_range(j->rows, chunk, nchunks, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t src = j->ids ? j->ids[r] : r;
+        dequantize_row(j->type, j->w + src * j->row_bytes, j->y + r * j->ldy, j->cols);
+    }
+}
+
+/* y[r, :] (row stride ldy) = W[ids[r], :] dequantized to fp32 (ids NULL: every row in order) */
+int qlin_dequantize(int type, const uint8_t *w, int64_t rows, int64_t cols, const int64_t *ids, float *y,
+                    int64_t ldy) {
+    if (!qlin_type_supported(type)) return -1;
+    if (cols % block_elems(type) != 0) return -2;
+    dq_job job = {type, w, rows, cols / block_elems(type) * block_bytes(type), cols, ldy, ids, y};
+    pthread_mutex_lock(&call_mu);
+    parallel(dequantize_task, &job, num_chunks(rows, 1 + 65535 / cols));
+    pthread_mutex_unlock(&call_mu);
+    return 0;
+}

