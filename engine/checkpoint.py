@@ -2,14 +2,17 @@
 
 Every reader returns a Checkpoint with a ModelConfig and a state dict in Hugging Face's
 LlamaForCausalLM naming (float32 or the checkpoint's dtype); `fuse_projections` then maps it onto
-engine.model's fused layout.
+engine.model's fused layout. With weights "auto" or "quantized", a GGUF's quantized matrices stay as
+stored (Checkpoint.quantized, engine/quantized_linear.py) instead of being dequantized.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +21,9 @@ import torch
 
 from engine.errors import ModelLoadError
 from engine.model_config import PRESETS, ModelConfig
+from engine.quantized_linear import QuantizedTensor, is_supported, load_kernels
+
+log = logging.getLogger(__name__)
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL = "smollm2"
@@ -30,6 +36,8 @@ class Checkpoint:
     source: str                                # "gguf", "hf" or "dummy"
     path: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)  # HF name -> GGUF blocks, not in state_dict
+    quantized_max_rows: int | None = None      # steps of up to this many rows use the kernels; None: measure
 
 
 def bundled_model_path() -> str:
@@ -56,13 +64,48 @@ def resolve_model(model: str | None) -> tuple[str, str]:
                          f"with config.json, {DEFAULT_MODEL!r}, or a preset ({', '.join(PRESETS)})")
 
 
-def load_checkpoint(model: str | None, dtype: torch.dtype = torch.float32, seed: int = 0) -> Checkpoint:
+WEIGHTS_MODES = ("auto", "dense", "quantized")
+
+
+def load_checkpoint(model: str | None, dtype: torch.dtype = torch.float32, seed: int = 0, weights: str = "dense",
+                    quantized_max_rows: int | None = None) -> Checkpoint:
+    """weights: dense dequantizes everything; quantized keeps a GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices
+    for the CPU kernels (an error where they cannot run); auto does so where they run fast (AVX2)."""
+    if weights not in WEIGHTS_MODES:
+        raise ValueError(f"unknown weights mode {weights!r}: expected {', '.join(WEIGHTS_MODES)}")
     kind, location = resolve_model(model)
+    if kind != "gguf" and weights == "quantized":
+        raise ModelLoadError(f"weights=quantized needs a GGUF checkpoint; {location} is a {kind} model")
     if kind == "dummy":
         return dummy_checkpoint(PRESETS[location], dtype, seed)
     if kind == "hf":
         return read_hf_directory(location)
-    return read_gguf(location)
+    checkpoint = read_gguf(location, keep_quantized=_quantized_kernels_usable(weights))
+    _dequantize_partial_groups(checkpoint)
+    checkpoint.quantized_max_rows = quantized_max_rows
+    return checkpoint
+
+
+def _dequantize_partial_groups(checkpoint: Checkpoint) -> None:
+    """A fused projection runs one way: where some of its parts have no kernel (dense), dequantize the rest."""
+    c = checkpoint.config
+    for i in range(c.num_layers):
+        for sources in _FUSED.values():
+            names = [f"model.layers.{i}.{s}.weight" for s in sources]
+            kept = [n for n in names if n in checkpoint.quantized]
+            if kept and len(kept) < len(names):
+                for n in kept:
+                    checkpoint.state_dict[n] = load_kernels().dequantize(checkpoint.quantized.pop(n))
+
+
+def _quantized_kernels_usable(weights: str) -> bool:
+    if weights == "dense":
+        return False
+    kernels = load_kernels()
+    if weights == "quantized" and kernels is None:
+        raise ModelLoadError("weights=quantized, but the quantized kernels are not built or did not load "
+                             "(reinstall with pip install -e . where a C compiler is available)")
+    return kernels is not None and (kernels.avx2 or weights == "quantized")
 
 
 def dummy_checkpoint(config: ModelConfig, dtype: torch.dtype, seed: int) -> Checkpoint:
@@ -130,8 +173,9 @@ _GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_nor
                    "output.weight": "lm_head.weight"}
 
 
-def read_gguf(path: str) -> Checkpoint:
-    """Dequantize every tensor with the `gguf` package and undo llama.cpp's q/k row permutation."""
+def read_gguf(path: str, keep_quantized: bool = False) -> Checkpoint:
+    """Dequantize every tensor with the `gguf` package (keep_quantized: not the 2-D weights of a type the
+    kernels run, which stay as stored) and undo llama.cpp's q/k row permutation."""
     import gguf
 
     try:
@@ -141,20 +185,37 @@ def read_gguf(path: str) -> Checkpoint:
         if "token_embd.weight" not in shapes:
             raise ModelLoadError(f"GGUF file {path} has no token_embd.weight tensor")
         config = _gguf_config(meta, vocab_size=shapes["token_embd.weight"][1], has_output="output.weight" in shapes)
-        state = {}
+        state, quantized = {}, {}
         for tensor in reader.tensors:
             name = _gguf_to_hf_name(tensor.name)
             if name is None:
                 continue
+            shape = tuple(reversed([int(d) for d in tensor.shape]))
+            qtype = int(tensor.tensor_type)
+            if keep_quantized and len(shape) == 2 and is_supported(qtype):
+                quantized[name] = QuantizedTensor.from_numpy(qtype, shape[0], shape[1], tensor.data, tensor.name)
+                continue
             values = torch.from_numpy(np.array(gguf.dequantize(tensor.data, tensor.tensor_type)))
-            state[name] = values.float().reshape(tuple(reversed([int(d) for d in tensor.shape])))
+            state[name] = values.float().reshape(shape)
     except ModelLoadError:
         raise
     except Exception as e:  # the gguf reader raises many types on truncated or corrupt files
         raise ModelLoadError(f"cannot read GGUF file {path}: {type(e).__name__}: {e}") from e
     if meta.get("general.architecture") == "llama":
         _unpermute_qk(state, config)
-    return Checkpoint(config, state, "gguf", path, meta)
+        _unpermute_qk_quantized(quantized, config)
+    if keep_quantized:
+        _log_quantized(path, quantized, state, reader)
+    return Checkpoint(config, state, "gguf", path, meta, quantized)
+
+
+def _log_quantized(path: str, quantized: dict[str, QuantizedTensor], state: dict[str, torch.Tensor], reader) -> None:
+    kept = Counter(q.type_name for q in quantized.values())
+    dense = Counter(t.tensor_type.name for t in reader.tensors
+                    if _gguf_to_hf_name(t.name) in state and len(t.shape) == 2)
+    log.info("%s: %.0f MB of quantized weights kept as stored (%s)%s", os.path.basename(path),
+             sum(q.nbytes for q in quantized.values()) / 1e6, ", ".join(f"{n} x{c}" for n, c in sorted(kept.items())),
+             f"; dequantized, no kernel for: {', '.join(f'{n} x{c}' for n, c in sorted(dense.items()))}" if dense else "")
 
 
 def _gguf_metadata(reader: Any) -> dict[str, Any]:
@@ -201,30 +262,68 @@ def _gguf_to_hf_name(name: str) -> str | None:
 def _unpermute_qk(state: dict[str, torch.Tensor], config: ModelConfig) -> None:
     """llama.cpp interleaves the two halves of each head for its RoPE; restore rotate-half order."""
     for name, tensor in state.items():
-        if name.endswith(("q_proj.weight", "q_proj.bias")):
-            heads = config.num_heads
-        elif name.endswith(("k_proj.weight", "k_proj.bias")):
-            heads = config.num_kv_heads
-        else:
-            continue
-        shape = tensor.shape
-        state[name] = tensor.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
+        heads = _qk_heads(name, config)
+        if heads:
+            state[name] = tensor[_unpermute_index(tensor.shape[0], heads)]
+
+
+def _unpermute_qk_quantized(quantized: dict[str, QuantizedTensor], config: ModelConfig) -> None:
+    """The same permutation on quantized matrices: it moves whole rows, and a row is whole blocks."""
+    for name, tensor in quantized.items():
+        heads = _qk_heads(name, config)
+        if heads:
+            quantized[name] = tensor.take_rows(_unpermute_index(tensor.rows, heads))
+
+
+def _qk_heads(name: str, config: ModelConfig) -> int:
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return config.num_heads
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return config.num_kv_heads
+    return 0
+
+
+def _unpermute_index(rows: int, heads: int) -> torch.Tensor:
+    """Row i of the rotate-half layout is row index[i] of llama.cpp's interleaved one."""
+    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
+
+
+_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+          "self_attn.o_proj": ("self_attn.o_proj",), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+          "mlp.down_proj": ("mlp.down_proj",)}
 
 
 def fuse_projections(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Hugging Face names -> engine.model names (q/k/v and gate/up concatenated)."""
+    """Hugging Face names -> engine.model names (q/k/v and gate/up concatenated). Weights kept quantized
+    (absent from `state`) are left out: fuse_quantized maps those."""
     fused = {k: v for k, v in state.items() if not k.startswith("model.layers.")}
-    if config.tie_word_embeddings or "lm_head.weight" not in fused:
+    if (config.tie_word_embeddings or "lm_head.weight" not in fused) and "model.embed_tokens.weight" in fused:
         fused["lm_head.weight"] = fused["model.embed_tokens.weight"]
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        take = lambda n: state[p + n]  # noqa: E731
-        fused[p + "input_layernorm.weight"] = take("input_layernorm.weight")
-        fused[p + "post_attention_layernorm.weight"] = take("post_attention_layernorm.weight")
-        fused[p + "self_attn.qkv_proj.weight"] = torch.cat([take(f"self_attn.{x}_proj.weight") for x in "qkv"])
-        if config.qkv_bias:
-            fused[p + "self_attn.qkv_proj.bias"] = torch.cat([take(f"self_attn.{x}_proj.bias") for x in "qkv"])
-        fused[p + "self_attn.o_proj.weight"] = take("self_attn.o_proj.weight")
-        fused[p + "mlp.gate_up_proj.weight"] = torch.cat([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")])
-        fused[p + "mlp.down_proj.weight"] = take("mlp.down_proj.weight")
+        fused[p + "input_layernorm.weight"] = state[p + "input_layernorm.weight"]
+        fused[p + "post_attention_layernorm.weight"] = state[p + "post_attention_layernorm.weight"]
+        for target, sources in _FUSED.items():
+            for kind in ("weight", "bias"):
+                names = [f"{p}{s}.{kind}" for s in sources]
+                if all(n in state for n in names):
+                    fused[f"{p}{target}.{kind}"] = torch.cat([state[n] for n in names])
+    return fused
+
+
+def fuse_quantized(quantized: dict[str, QuantizedTensor], config: ModelConfig) -> dict[str, list[QuantizedTensor]]:
+    """engine.model module name -> the quantized matrices it concatenates (a fused projection is quantized
+    only when all its parts are; its parts may differ in type)."""
+    fused: dict[str, list[QuantizedTensor]] = {}
+    if "model.embed_tokens.weight" in quantized:
+        fused["model.embed_tokens"] = [quantized["model.embed_tokens.weight"]]
+    head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+    if head in quantized:
+        fused["lm_head"] = [quantized[head]]
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        for target, sources in _FUSED.items():
+            names = [f"{p}{s}.weight" for s in sources]
+            if all(n in quantized for n in names):
+                fused[p + target] = [quantized[n] for n in names]
     return fused

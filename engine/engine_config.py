@@ -24,6 +24,11 @@ class EngineConfig:
     attention_backend: str = "auto"
     seed: int = 0                       # sampling of requests without their own seed; dummy weights
     enable_prefix_caching: bool = True  # reuse the KV of prompt prefixes already in the pool (prefix_cache.py)
+    # auto: a GGUF's quantized weights stay as stored and small steps run on them with the CPU kernels
+    # (quantized_linear.py: decode streams 4.5-8.5 bits per weight, not fp32's 32), where they run fast
+    # (AVX2, CPU device); dense: dequantize at load; quantized: as auto, or an error where it cannot
+    weights: str = "auto"
+    quantized_max_rows: int | None = None  # steps up to this many rows use the kernels; None: measure at start-up
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
@@ -33,6 +38,15 @@ class EngineConfig:
         if self.dtype not in names:
             raise ValueError(f"unknown dtype {self.dtype!r}: expected auto, bf16, fp16 or fp32")
         return names[self.dtype]
+
+
+    def weights_mode(self) -> str:
+        """auto/dense/quantized as load_checkpoint takes it: the quantized kernels run on the CPU only."""
+        if self.weights not in ("auto", "dense", "quantized"):
+            raise ValueError(f"unknown weights {self.weights!r}: expected auto, dense or quantized")
+        if self.device != "cpu" and self.weights == "quantized":
+            raise ValueError(f"weights=quantized runs on the CPU, not on {self.device}")
+        return "dense" if self.device != "cpu" else self.weights
 
 
 def bf16_is_fast(device: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -10,10 +11,14 @@ import torch
 
 from engine.attention import make_attention_backend
 from engine.batch_layout import BatchLayout
-from engine.checkpoint import Checkpoint, fuse_projections
+from engine.checkpoint import Checkpoint, fuse_projections, fuse_quantized
 from engine.model import LlamaForCausalLM
+from engine.quantized_linear import (QuantizedEmbedding, QuantizedLinear, QuantizedPath, load_kernels,
+                                     measure_crossover)
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledRequest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -80,14 +85,44 @@ class ModelRunner:
 
 
 def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, max_positions: int) -> LlamaForCausalLM:
-    """Build on the meta device (no wasted init), then take the checkpoint's tensors as parameters."""
+    """Build on the meta device (no wasted init), then take the checkpoint's tensors as parameters; modules
+    whose weights the checkpoint keeps quantized become QuantizedLinear / QuantizedEmbedding."""
     with torch.device("meta"):
         model = LlamaForCausalLM(checkpoint.config, max_positions)
     state = {k: v.to(device=device, dtype=dtype) for k, v in fuse_projections(checkpoint.state_dict, checkpoint.config).items()}
-    if checkpoint.config.tie_word_embeddings:
+    if checkpoint.quantized:
+        install_quantized(model, checkpoint, state, dtype)
+    tied = checkpoint.config.tie_word_embeddings and "model.embed_tokens.weight" in state
+    if tied:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
-    if checkpoint.config.tie_word_embeddings:
+    if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary = type(model.model.rotary)(checkpoint.config, max_positions).to(device)
     return model.eval()
+
+
+def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: dict[str, torch.Tensor],
+                      dtype: torch.dtype) -> QuantizedPath:
+    """Swap in the quantized modules (taking their biases out of `state`), then size their row limit."""
+    path = QuantizedPath(load_kernels())
+    linears: dict[str, QuantizedLinear] = {}
+    for name, parts in fuse_quantized(checkpoint.quantized, checkpoint.config).items():
+        parent, _, attr = name.rpartition(".")
+        if attr == "embed_tokens":
+            module = QuantizedEmbedding(parts[0], path, dtype)
+        else:
+            module = QuantizedLinear(parts, state.pop(name + ".bias", None), path, dtype)
+            linears[name] = module
+        setattr(model.get_submodule(parent) if parent else model, attr, module)
+    if checkpoint.quantized_max_rows is not None:
+        path.max_rows = checkpoint.quantized_max_rows
+    elif linears:
+        # the layers' largest matrix (fused gate/up) stands for all: its crossover is where the model's is
+        layers = [m for n, m in linears.items() if n.startswith("model.layers.")] or list(linears.values())
+        crossover = measure_crossover(max(layers, key=lambda m: m.nbytes))
+        path.max_rows, path.measured = crossover.max_rows, True
+        log.info("quantized kernels for steps of up to %d rows, dequantize + fp32 GEMM above (measured: %s)",
+                 crossover.max_rows, ", ".join(f"{n} rows {crossover.quantized_s[n] * 1e3:.2f}/"
+                                               f"{crossover.dense_s[n] * 1e3:.2f} ms" for n in crossover.dense_s))
+    return path
