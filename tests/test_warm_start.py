@@ -10,7 +10,7 @@ from autotuner.simulated_tuning import grid_points, tune_on_simulator
 from simulation.workload_run import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
-from autotuner.warm_start import (SimulatorWarmStart, WarmStartJob, best_configurations, observed_workload, search,
+from autotuner.warm_start import (RATE_MARGIN, SimulatorWarmStart, WarmStartJob, best_configurations, observed_workload, search,
                                   slo_token_budget)
 from loadgen.workload import generate, load_workload
 from simulation.cost_model import CostModel
@@ -37,10 +37,10 @@ def test_feasible_configurations_come_first_best_value_first():
     assert [c["token_budget"] for c in chosen] == [128, 256]
 
 
-def test_without_a_feasible_configuration_the_nearest_misses_are_tried():
-    study = study_with([(64, 0.1, 0.4), (512, 0.3, 1.5), (128, 0.2, 0.05)])
-    chosen = best_configurations(study, load_search_space(), keep=2)
-    assert [c["token_budget"] for c in chosen] == [128, 64]
+def test_without_a_feasible_configuration_the_best_values_are_tried():
+    study = study_with([(64, 0.1, 0.4), (512, 0.3, 1.5), (128, 0.2, 0.05), (256, 0.6, 0.0)])
+    chosen = best_configurations(study, load_search_space(), keep=3)
+    assert [c["token_budget"] for c in chosen] == [256, 512, 128]
 
 
 def test_cold_start_budget_is_the_largest_chunk_within_the_tbt_slo():
@@ -77,9 +77,9 @@ def test_warm_start_search_finds_what_a_grid_search_finds(tmp_path):
     target = SimulatedTarget(sim, telemetry)
     jobs: list[WarmStartJob] = []
     warm = SimulatorWarmStart(lambda: cost, space, slo, "adaptive", target.knobs,
-                              lambda s: telemetry.recent_requests(s, now=sim.now), trials=12, keep=3,
+                              lambda s: telemetry.recent_requests(s, now=sim.now), trials=30, keep=3,
                               runner=lambda job: jobs.append(job) or search(job))
-    settings = ControllerSettings.load(policy="adaptive", warm_start_trials=12, warm_start_enqueue=3)
+    settings = ControllerSettings.load(policy="adaptive", warm_start_trials=30, warm_start_enqueue=3)
     controller = Controller(target, space, TunerState(tmp_path), slo, settings, warm)
     enqueued: list[dict] = []
     controller.listeners.append(lambda d: d["action"] == "warm-start" and enqueued.append(d["knobs"]))
@@ -90,7 +90,7 @@ def test_warm_start_search_finds_what_a_grid_search_finds(tmp_path):
     assert [t.user_attrs["source"] for t in controller.study.trials] == ["warm-start"] * 3   # the first one ran
 
     job = jobs[0]
-    specs = observed_workload(job.lengths, job.rate_rps, job.seed)     # what the search simulated
+    specs = observed_workload(job.lengths, RATE_MARGIN * job.rate_rps, job.seed)     # what the search simulated
     base = Knobs(**job.knobs)
 
     def goodput(knobs: Knobs) -> float:
