@@ -152,3 +152,32 @@ def emit_summary(summary: dict, path: str | None) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(summary, f, indent=2)
+
+
+def replay_open_loop(engine, specs: list, prompts: list[list[int]]) -> tuple[list, list]:
+    """Open loop in real time on an in-process engine: each spec's prompt token ids arrive on its
+    schedule whatever the engine is doing; returns the finished requests' and the steps' records."""
+    from collections import deque
+
+    from engine import SamplingParams
+
+    records, steps = [], []
+    engine.finish_listeners.append(records.append)
+    engine.step_listeners.append(steps.append)
+    pending = deque(zip(specs, prompts))
+    start = time.monotonic()
+    try:
+        while pending or engine.has_unfinished():
+            now = time.monotonic()
+            while pending and start + pending[0][0].arrival_s <= now:
+                spec, ids = pending.popleft()
+                engine.add_request(ids, SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True),
+                                   arrival_time=start + spec.arrival_s)
+            if engine.has_unfinished():
+                engine.step()
+            elif pending:
+                time.sleep(max(0.0, start + pending[0][0].arrival_s - time.monotonic()))
+    finally:
+        engine.finish_listeners.remove(records.append)
+        engine.step_listeners.remove(steps.append)
+    return records, steps

@@ -25,9 +25,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 
-from bench_common import MachineInfo, OtherLoad, emit_summary
+from bench_common import MachineInfo, OtherLoad, emit_summary, replay_open_loop
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.outputs import RequestRecord, StepRecord
 from engine.slo_class import shipped_slo_classes
@@ -67,27 +67,7 @@ def make_engine(caching: bool, cost: CostModel) -> LLMEngine:
 def replay(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list[int]]
            ) -> tuple[list[RequestRecord], list[StepRecord]]:
     """Open loop in real time: arrivals on schedule whatever the engine is doing."""
-    records: list[RequestRecord] = []
-    steps: list[StepRecord] = []
-    engine.finish_listeners.append(records.append)
-    engine.step_listeners.append(steps.append)
-    pending = deque(zip(specs, prompts))
-    start = time.monotonic()
-    try:
-        while pending or engine.has_unfinished():
-            now = time.monotonic()
-            while pending and start + pending[0][0].arrival_s <= now:
-                spec, ids = pending.popleft()
-                engine.add_request(ids, SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True),
-                                   arrival_time=start + spec.arrival_s)
-            if engine.has_unfinished():
-                engine.step()
-            elif pending:
-                time.sleep(max(0.0, start + pending[0][0].arrival_s - time.monotonic()))
-    finally:
-        engine.finish_listeners.remove(records.append)
-        engine.step_listeners.remove(steps.append)
-    return records, steps
+    return replay_open_loop(engine, specs, prompts)
 
 
 def decode_step_times(steps: list[StepRecord]) -> dict[int, list[float]]:

@@ -14,15 +14,13 @@ the calibration never saw (target: <= 10%).
 from __future__ import annotations
 
 import argparse
-import time
-from collections import deque
 
-from bench_common import MachineInfo, OtherLoad, emit_summary
+from bench_common import MachineInfo, OtherLoad, emit_summary, replay_open_loop
 from loadgen.prompts import PromptSource
 from simulation.cost_model_files import find_cost_model
 from simulation.workload_run import simulate
 from loadgen.workload import RequestSpec, generate, load_workload
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import EngineConfig, LLMEngine
 from simulation.cost_model import CostModel, StepShape
 from engine.outputs import RequestRecord, StepRecord
 from policies import Knobs
@@ -49,27 +47,7 @@ def parse_args() -> argparse.Namespace:
 def replay(engine: LLMEngine, specs: list[RequestSpec], prompts: PromptSource
            ) -> tuple[list[RequestRecord], list[StepRecord]]:
     """Open loop in real time: arrivals on schedule whatever the engine is doing."""
-    records: list[RequestRecord] = []
-    steps: list[StepRecord] = []
-    engine.finish_listeners.append(records.append)
-    engine.step_listeners.append(steps.append)
-    pending = deque((s, prompts.token_ids(s.prompt_tokens)) for s in specs)
-    start = time.monotonic()
-    try:
-        while pending or engine.has_unfinished():
-            now = time.monotonic()
-            while pending and start + pending[0][0].arrival_s <= now:
-                spec, ids = pending.popleft()
-                engine.add_request(ids, SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True),
-                                   arrival_time=start + spec.arrival_s)
-            if engine.has_unfinished():
-                engine.step()
-            elif pending:
-                time.sleep(max(0.0, start + pending[0][0].arrival_s - time.monotonic()))
-    finally:
-        engine.finish_listeners.remove(records.append)
-        engine.step_listeners.remove(steps.append)
-    return records, steps
+    return replay_open_loop(engine, specs, [prompts.token_ids(s.prompt_tokens) for s in specs])
 
 
 def step_mape(cost: CostModel, steps: list[StepRecord]) -> float:
