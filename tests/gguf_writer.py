@@ -19,7 +19,8 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model: torch.nn.Module, path: str) -> None:
+def write_gguf(model: torch.nn.Module, path: str, types: dict[str, int] | None = None) -> None:
+    """types: GGUF tensor name suffix (e.g. "attn_q.weight") -> GGML type to quantize it to (default F32)."""
     import gguf
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -44,22 +45,29 @@ def write_gguf(model: torch.nn.Module, path: str) -> None:
     w.add_token_merges(["h i"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    def add(gguf_name: str, array: np.ndarray) -> None:
+        qtype = next((gguf.GGMLQuantizationType(t) for k, t in (types or {}).items() if gguf_name.endswith(k)), None)
+        if qtype is None:
+            w.add_tensor(gguf_name, array)
+        else:
+            w.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+
     for name, tensor in model.state_dict().items():
         array = tensor.float().numpy()
         if name == "model.embed_tokens.weight":
-            w.add_tensor("token_embd.weight", array)
+            add("token_embd.weight", array)
         elif name == "model.norm.weight":
-            w.add_tensor("output_norm.weight", array)
+            add("output_norm.weight", array)
         elif name == "lm_head.weight":
             if not c.tie_word_embeddings:
-                w.add_tensor("output.weight", array)
+                add("output.weight", array)
         else:
             _, _, layer, rest = name.split(".", 3)
             if rest == "self_attn.q_proj.weight":
                 array = llama_cpp_permute(array, c.num_attention_heads)
             elif rest == "self_attn.k_proj.weight":
                 array = llama_cpp_permute(array, c.num_key_value_heads)
-            w.add_tensor(f"blk.{layer}.{_NAMES[rest]}", array)
+            add(f"blk.{layer}.{_NAMES[rest]}", array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1,10 +1,12 @@
 /* Linear layers on GGUF's quantized weights, kept in GGUF's own block layout.
  *
- * y[n, rows] = x[n, cols] @ W[rows, cols]^T with W in Q4_0, Q4_1, Q8_0, Q4_K or Q6_K. As llama.cpp
- * does, the activations are quantized per block of 32 to 8 bits (one fp32 scale per block, so an
- * outlier only coarsens its own block) and multiplied with 8-bit integer dot products
- * (_mm256_maddubs_epi16 / _mm256_madd_epi16); every block's integer sum is scaled and accumulated in
- * fp32. Decode steps are memory-bound, and these weights are 4.5-8.5 bits instead of fp32's 32.
+ * y[n, rows] = x[n, cols] @ W[rows, cols]^T with W in Q4_0, Q4_1, Q8_0, Q4_K or Q6_K. The activations
+ * are quantized per block of 32 (one fp32 scale per block, so an outlier only coarsens its own block)
+ * to 16 bits, not llama.cpp's 8: on SmolLM2 8-bit activations moved the logits by up to 1.2 (of ~30)
+ * and changed greedy tokens within a few steps, 16-bit ones by 0.01. It costs little: an AVX2 8-bit
+ * dot product takes two multiplies per 32 values (maddubs, then madd to widen), and a 16-bit one
+ * takes two madd_epi16 as well. Every block's integer sum is scaled and accumulated in fp32. Decode
+ * steps are memory-bound, and these weights are 4.5-8.5 bits instead of fp32's 32.
  *
  * Plain C with no Python API, loaded with ctypes (which releases the GIL during a call). The AVX2
  * kernels are compiled per function (target attribute) and chosen at run time, with a portable
@@ -37,7 +39,8 @@ typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } block_q6_K;
 /* a quantized activation block: x ~ d * qs, s = d * sum(qs) (for the weights' offsets and mins) */
-typedef struct { float d, s; int8_t qs[32]; } block_a8;
+typedef struct { float d, s; int16_t qs[32]; } block_a16;
+#define A_MAX 32767.f
 
 _Static_assert(sizeof(block_q4_0) == 18, "q4_0");
 _Static_assert(sizeof(block_q4_1) == 20, "q4_1");
@@ -89,15 +92,15 @@ static void q4k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
 
 /* ---- scalar kernels (any CPU; the tests' second reference) ------------------------------------ */
 
-static void quantize_a8_scalar(const float *x, block_a8 *y, int64_t nb) {
+static void quantize_a16_scalar(const float *x, block_a16 *y, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, x += QK) {
         float amax = 0.f;
         for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i]));
-        float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        float d = amax / A_MAX, id = d > 0.f ? 1.f / d : 0.f;
         int sum = 0;
         for (int i = 0; i < QK; i++) {
             int q = (int)nearbyintf(x[i] * id);
-            y[b].qs[i] = (int8_t)q;
+            y[b].qs[i] = (int16_t)q;
             sum += q;
         }
         y[b].d = d;
@@ -106,7 +109,7 @@ static void quantize_a8_scalar(const float *x, block_a8 *y, int64_t nb) {
 }
 
 /* one weight row (nb32 blocks of 32 along cols) times one activation row */
-static float dot_scalar(int type, const uint8_t *w, const block_a8 *a, int64_t nb32) {
+static float dot_scalar(int type, const uint8_t *w, const block_a16 *a, int64_t nb32) {
     float acc = 0.f;
     if (type == T_Q4_0 || type == T_Q4_1) {
         const int64_t bytes = block_bytes(type);
@@ -154,7 +157,7 @@ static float dot_scalar(int type, const uint8_t *w, const block_a8 *a, int64_t n
                         int q = (lo | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
                         sums[l / 16] += q * a->qs[l];
                     }
-                    acc += d * a->d * (float)(sc[2 * g] * sums[0] + sc[2 * g + 1] * sums[1]);
+                    acc += d * a->d * (float)(sc[2 * g] * (int64_t)sums[0] + sc[2 * g + 1] * (int64_t)sums[1]);
                 }
             }
         }
@@ -232,12 +235,27 @@ AVX2 static inline __m256i nibbles32(const uint8_t *qs) {
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
-/* unsigned u (0..127) . signed y per 32 bytes -> 8 int32 lanes */
-AVX2 static inline __m256i dot_u8s8(__m256i u, __m256i y) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
+/* a block's 32 weights as int16: w[0] elements 0..15, w[1] elements 16..31 */
+typedef struct { __m256i w[2]; } w16;
+
+AVX2_INLINE static inline w16 widen_s8(__m256i v) {
+    return (w16){{_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1))}};
 }
 
-AVX2 static void quantize_a8_avx2(const float *x, block_a8 *y, int64_t nb) {
+/* 16 bytes of nibbles -> int16: lo = low nibbles, hi = high nibbles, in byte order */
+AVX2_INLINE static inline void nibbles16(const uint8_t *qs, __m256i *lo, __m256i *hi) {
+    __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qs));
+    *lo = _mm256_and_si256(b, _mm256_set1_epi16(0x0F));
+    *hi = _mm256_srli_epi16(b, 4);
+}
+
+/* w . x over one block -> 8 int32 lanes (|w| <= 4064, |x| <= 32767: no lane can overflow) */
+AVX2_INLINE static inline __m256i dot_w16(w16 w, const int16_t *x) {
+    return _mm256_add_epi32(_mm256_madd_epi16(w.w[0], _mm256_loadu_si256((const __m256i *)x)),
+                            _mm256_madd_epi16(w.w[1], _mm256_loadu_si256((const __m256i *)(x + 16))));
+}
+
+AVX2 static void quantize_a16_avx2(const float *x, block_a16 *y, int64_t nb) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < nb; b++, x += QK) {
         __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
@@ -247,7 +265,7 @@ AVX2 static void quantize_a8_avx2(const float *x, block_a8 *y, int64_t nb) {
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        float d = _mm_cvtss_f32(m4) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        float d = _mm_cvtss_f32(m4) / A_MAX, id = d > 0.f ? 1.f / d : 0.f;
         __m256 mul = _mm256_set1_ps(id);
         const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
         __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), rnd));
@@ -255,10 +273,11 @@ AVX2 static void quantize_a8_avx2(const float *x, block_a8 *y, int64_t nb) {
         __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), rnd));
         __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), rnd));
         int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
-        /* packs work per 128-bit lane: restore element order with a permute */
-        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)y[b].qs, p);
+        /* packs works per 128-bit lane: restore element order with a permute */
+        __m256i p0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8);
+        __m256i p1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i2, i3), 0xD8);
+        _mm256_storeu_si256((__m256i *)y[b].qs, p0);
+        _mm256_storeu_si256((__m256i *)(y[b].qs + 16), p1);
         y[b].d = d;
         y[b].s = d * (float)sum;
     }
@@ -284,21 +303,22 @@ AVX2_INLINE static inline void accs_out(const accs *c, int na, float *out) {
 }
 
 /* Q4_0 / Q4_1 block b into chain k: d * (q . y) * dy + m * sum(y) * dy */
-AVX2_INLINE static inline void q4_block(int type, const uint8_t *blk, const block_a8 *a, int64_t nb32, int na,
+AVX2_INLINE static inline void q4_block(int type, const uint8_t *blk, const block_a16 *a, int64_t nb32, int na,
                                         accs *c, int k) {
     const int q41 = type == T_Q4_1;
-    __m256i q = nibbles32(q41 ? ((const block_q4_1 *)blk)->qs : ((const block_q4_0 *)blk)->qs);
+    w16 q;  /* elements 0..15 are the low nibbles, 16..31 the high ones */
+    nibbles16(q41 ? ((const block_q4_1 *)blk)->qs : ((const block_q4_0 *)blk)->qs, &q.w[0], &q.w[1]);
     float d = f16(*(const uint16_t *)blk);
     float m = q41 ? f16(((const block_q4_1 *)blk)->m) : -8.f * d;  /* Q4_0 stores q - 8 */
     for (int j = 0; j < na; j++) {
-        const block_a8 *ab = a + j * nb32;
-        __m256i p = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)ab->qs));
+        const block_a16 *ab = a + j * nb32;
+        __m256i p = dot_w16(q, ab->qs);
         c->v[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), _mm256_cvtepi32_ps(p), c->v[k][j]);
         c->off[k][j] += m * ab->s;
     }
 }
 
-AVX2_INLINE static inline void dot_q4_avx2(int type, const uint8_t *w, const block_a8 *a, int64_t nb32, int na,
+AVX2_INLINE static inline void dot_q4_avx2(int type, const uint8_t *w, const block_a16 *a, int64_t nb32, int na,
                                            float *out) {
     accs c;
     accs_zero(&c);
@@ -312,19 +332,17 @@ AVX2_INLINE static inline void dot_q4_avx2(int type, const uint8_t *w, const blo
     accs_out(&c, na, out);
 }
 
-AVX2_INLINE static inline void q8_block(const block_q8_0 *x, const block_a8 *a, int64_t nb32, int na, accs *c,
+AVX2_INLINE static inline void q8_block(const block_q8_0 *x, const block_a16 *a, int64_t nb32, int na, accs *c,
                                         int k) {
-    __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
-    __m256i qabs = _mm256_sign_epi8(q, q);  /* |q| as unsigned, the sign moved onto y */
+    w16 q = widen_s8(_mm256_loadu_si256((const __m256i *)x->qs));
     float d = f16(x->d);
     for (int j = 0; j < na; j++) {
-        const block_a8 *ab = a + j * nb32;
-        __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ab->qs), q);
-        c->v[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), _mm256_cvtepi32_ps(dot_u8s8(qabs, y)), c->v[k][j]);
+        const block_a16 *ab = a + j * nb32;
+        c->v[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), _mm256_cvtepi32_ps(dot_w16(q, ab->qs)), c->v[k][j]);
     }
 }
 
-AVX2_INLINE static inline void dot_q8_0_avx2(const uint8_t *w, const block_a8 *a, int64_t nb32, int na, float *out) {
+AVX2_INLINE static inline void dot_q8_0_avx2(const uint8_t *w, const block_a16 *a, int64_t nb32, int na, float *out) {
     accs c;
     accs_zero(&c);
     const block_q8_0 *x = (const block_q8_0 *)w;
@@ -337,23 +355,24 @@ AVX2_INLINE static inline void dot_q8_0_avx2(const uint8_t *w, const block_a8 *a
     accs_out(&c, na, out);
 }
 
-AVX2_INLINE static inline void dot_q4_K_avx2(const uint8_t *w, const block_a8 *a, int64_t nb32, int na, float *out) {
+AVX2_INLINE static inline void dot_q4_K_avx2(const uint8_t *w, const block_a16 *a, int64_t nb32, int na, float *out) {
     accs c;
     accs_zero(&c);
     const block_q4_K *x = (const block_q4_K *)w;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
     for (int64_t s = 0; s < nb32 / 8; s++) {
         uint8_t sc[8], m[8];
         q4k_scales(x[s].scales, sc, m);
         float d = f16(x[s].d), dmin = f16(x[s].dmin);
         for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in low nibbles, 2p+1 in high */
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(x[s].qs + 32 * p));
-            __m256i q[2] = {_mm256_and_si256(raw, lo4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4)};
+            /* 32 bytes: sub-block 2p in the low nibbles, 2p+1 in the high ones */
+            w16 q[2];
+            nibbles16(x[s].qs + 32 * p, &q[0].w[0], &q[1].w[0]);
+            nibbles16(x[s].qs + 32 * p + 16, &q[0].w[1], &q[1].w[1]);
             for (int k = 0; k < 2; k++) {
                 float dk = d * sc[2 * p + k], mk = dmin * m[2 * p + k];
                 for (int j = 0; j < na; j++) {
-                    const block_a8 *ab = a + j * nb32 + 8 * s + 2 * p + k;
-                    __m256i pr = dot_u8s8(q[k], _mm256_loadu_si256((const __m256i *)ab->qs));
+                    const block_a16 *ab = a + j * nb32 + 8 * s + 2 * p + k;
+                    __m256i pr = dot_w16(q[k], ab->qs);
                     c.v[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(dk * ab->d), _mm256_cvtepi32_ps(pr), c.v[k][j]);
                     c.off[k][j] -= mk * ab->s;
                 }
@@ -363,7 +382,7 @@ AVX2_INLINE static inline void dot_q4_K_avx2(const uint8_t *w, const block_a8 *a
     accs_out(&c, na, out);
 }
 
-AVX2_INLINE static inline void dot_q6_K_avx2(const uint8_t *w, const block_a8 *a, int64_t nb32, int na, float *out) {
+AVX2_INLINE static inline void dot_q6_K_avx2(const uint8_t *w, const block_a16 *a, int64_t nb32, int na, float *out) {
     accs c;
     accs_zero(&c);
     const block_q6_K *x = (const block_q6_K *)w;
@@ -383,14 +402,13 @@ AVX2_INLINE static inline void dot_q6_K_avx2(const uint8_t *w, const block_a8 *a
                                 _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2)),
             };
             for (int g = 0; g < 4; g++) {
-                /* int16 lanes 0..7 hold elements 0..15 (scale 2g), lanes 8..15 elements 16..31 */
-                __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+                /* (q - 32) * scale in int16 (|.| <= 32 * 128), each half of 16 with its own scale */
+                w16 qs = widen_s8(_mm256_sub_epi8(q[g], k32));
+                qs.w[0] = _mm256_mullo_epi16(qs.w[0], _mm256_set1_epi16(sc[2 * g]));
+                qs.w[1] = _mm256_mullo_epi16(qs.w[1], _mm256_set1_epi16(sc[2 * g + 1]));
                 for (int j = 0; j < na; j++) {
-                    const block_a8 *ab = a + j * nb32 + 8 * s + 4 * half + g;
-                    __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
-                    /* (q - 32) . y as q . y - 32 . y, both within int16 */
-                    __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], y), _mm256_maddubs_epi16(k32, y));
-                    __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, scv));
+                    const block_a16 *ab = a + j * nb32 + 8 * s + 4 * half + g;
+                    __m256 f = _mm256_cvtepi32_ps(dot_w16(qs, ab->qs));
                     c.v[g & 1][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), f, c.v[g & 1][j]);
                 }
             }
@@ -476,7 +494,7 @@ AVX2 static void dequantize_row_avx2(int type, const uint8_t *w, float *y, int64
     default: { const int na = 4; call; } break;       \
     }
 
-AVX2 static void dot_avx2(int type, const uint8_t *w, const block_a8 *a, int64_t nb32, int na, float *out) {
+AVX2 static void dot_avx2(int type, const uint8_t *w, const block_a16 *a, int64_t nb32, int na, float *out) {
     switch (type) {
     case T_Q4_0: FOR_NA(dot_q4_avx2(T_Q4_0, w, a, nb32, na, out)); break;
     case T_Q4_1: FOR_NA(dot_q4_avx2(T_Q4_1, w, a, nb32, na, out)); break;
@@ -514,11 +532,11 @@ int qlin_set_isa(int want) {
     return g_isa;
 }
 
-static void quantize_a8(const float *x, block_a8 *y, int64_t nb) {
+static void quantize_a16(const float *x, block_a16 *y, int64_t nb) {
 #ifdef QL_X86
-    if (isa()) { quantize_a8_avx2(x, y, nb); return; }
+    if (isa()) { quantize_a16_avx2(x, y, nb); return; }
 #endif
-    quantize_a8_scalar(x, y, nb);
+    quantize_a16_scalar(x, y, nb);
 }
 
 static void dequantize_row(int type, const uint8_t *w, float *y, int64_t cols) {
@@ -528,7 +546,7 @@ static void dequantize_row(int type, const uint8_t *w, float *y, int64_t cols) {
     dequantize_row_scalar(type, w, y, cols);
 }
 
-static void dot_rows(int type, const uint8_t *w, const block_a8 *a, int64_t nb32, int na, float *out) {
+static void dot_rows(int type, const uint8_t *w, const block_a16 *a, int64_t nb32, int na, float *out) {
 #ifdef QL_X86
     if (isa()) { dot_avx2(type, w, a, nb32, na, out); return; }
 #endif
@@ -677,7 +695,7 @@ typedef struct {
     const uint8_t *w;
     int64_t rows, row_bytes, nb32, n, ldy;
     const float *x;
-    block_a8 *a;
+    block_a16 *a;
     float *y;
 } mm_job;
 
@@ -685,7 +703,7 @@ static void quantize_task(void *p, int64_t chunk, int64_t nchunks) {
     mm_job *j = p;
     int64_t lo, hi;
     chunk_range(j->n, chunk, nchunks, &lo, &hi);
-    for (int64_t r = lo; r < hi; r++) quantize_a8(j->x + r * j->nb32 * QK, j->a + r * j->nb32, j->nb32);
+    for (int64_t r = lo; r < hi; r++) quantize_a16(j->x + r * j->nb32 * QK, j->a + r * j->nb32, j->nb32);
 }
 
 static void matmul_task(void *p, int64_t chunk, int64_t nchunks) {
@@ -703,11 +721,11 @@ static void matmul_task(void *p, int64_t chunk, int64_t nchunks) {
     }
 }
 
-static block_a8 *scratch_a8(int64_t blocks) {
-    static block_a8 *buf = NULL;
+static block_a16 *scratch_a16(int64_t blocks) {
+    static block_a16 *buf = NULL;
     static int64_t cap = 0;
     if (blocks > cap) {
-        block_a8 *grown = realloc(buf, (size_t)blocks * sizeof(block_a8));
+        block_a16 *grown = realloc(buf, (size_t)blocks * sizeof(block_a16));
         if (!grown) return NULL;
         buf = grown;
         cap = blocks;
@@ -722,9 +740,10 @@ int qlin_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, const fl
                 int64_t ldy) {
     if (!qlin_type_supported(type)) return -1;
     if (cols % block_elems(type) != 0) return -2;
+    if (n <= 0 || rows <= 0) return 0;  /* e.g. an LM head in a step that samples nothing */
     pthread_mutex_lock(&call_mu);
     mm_job job = {type, w, rows, cols / block_elems(type) * block_bytes(type), cols / QK, n, ldy, x, NULL, y};
-    job.a = scratch_a8(n * job.nb32);
+    job.a = scratch_a16(n * job.nb32);
     if (!job.a) { pthread_mutex_unlock(&call_mu); return -3; }
     parallel(quantize_task, &job, num_chunks(n, 16));
     /* chunks of ~16K weight-activation products (a few microseconds): below that the hand-off costs more */
