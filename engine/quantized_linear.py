@@ -18,6 +18,7 @@ import ctypes
 import functools
 import glob
 import importlib.machinery
+import importlib.util
 import logging
 import os
 import threading
@@ -164,12 +165,15 @@ class QuantKernels:
 
 
 def library_path() -> str | None:
+    """engine/_qlinear<suffix>.so: next to this file (build_ext --inplace, editable installs), or wherever
+    the import system would find engine._qlinear (it is located, never imported: it has no Python API)."""
     here = os.path.dirname(os.path.abspath(__file__))
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         found = glob.glob(os.path.join(here, "_qlinear" + suffix))
         if found:
             return found[0]
-    return None
+    spec = importlib.util.find_spec("engine._qlinear")
+    return spec.origin if spec is not None and spec.origin else None
 
 
 @functools.cache
