@@ -69,6 +69,21 @@ class ModelRunner:
         t3 = time.perf_counter()
         return StepOutput(dict(zip(ids, picks)), logits if return_logits else None, StepTiming(t1 - t0, t2 - t1, t3 - t2))
 
+    @torch.inference_mode()
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """fp32 logits at every position of one prompt in one forward pass (perplexity), on a KV cache of
+        its own: the engine's pool, its blocks and its prefix cache are not touched."""
+        n, bs = len(token_ids), self.block_size
+        layout = BatchLayout(num_decodes=0, query_lens=np.array([n]), context_lens=np.array([0]),
+                             block_tables=[np.arange(-(-n // bs))], block_size=bs)
+        c = self.config
+        kv = torch.zeros(c.num_layers, 2, -(-n // bs) * bs, c.num_kv_heads, c.head_dim, dtype=self.dtype,
+                         device=self.device)
+        to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+        return self.model(to(np.asarray(token_ids, dtype=np.int64)), to(layout.positions()),
+                          to(np.arange(n, dtype=np.int64)), self.attention, kv,
+                          self.attention.prepare(layout, self.device)).cpu()
+
     def _prepare(self, scheduled: list[ScheduledRequest]) -> tuple[BatchLayout, np.ndarray, np.ndarray]:
         num_decodes = sum(1 for s in scheduled if s.is_decode)
         input_ids = np.fromiter((t for s in scheduled for t in s.request.token_ids(s.context_len,

@@ -315,19 +315,6 @@ def test_greedy_tokens_agree_with_fp32(smollm2_pair):
     assert agreed / (64 * len(AGREEMENT_PROMPTS)) >= 0.9
 
 
-def prompt_logits(llm, ids: list[int]) -> torch.Tensor:
-    """Logits at every position of one prompt, in one prefill through the engine's model."""
-    from engine.attention import make_attention_backend
-    from engine.batch_layout import BatchLayout
-    runner, n = llm.engine.runner, len(ids)
-    layout = BatchLayout(num_decodes=0, query_lens=np.array([n]), context_lens=np.array([0]),
-                         block_tables=[np.arange(-(-n // runner.block_size))], block_size=runner.block_size)
-    backend = make_attention_backend("torch", runner.config.head_dim ** -0.5, "cpu")
-    with torch.inference_mode():
-        return runner.model(torch.tensor(ids), torch.from_numpy(layout.positions()), torch.arange(n), backend,
-                            runner.kv_cache, backend.prepare(layout, runner.device))
-
-
 @pytest.mark.slow
 def test_perplexity_within_one_percent_of_fp32(smollm2_pair):
     """Perplexity of the opening of Pride and Prejudice (1813, public domain; tests/data) on both paths."""
@@ -337,7 +324,7 @@ def test_perplexity_within_one_percent_of_fp32(smollm2_pair):
     assert len(ids) > 300
 
     def perplexity(llm) -> float:
-        logits = prompt_logits(llm, ids)[:-1].double()
+        logits = llm.engine.runner.prompt_logits(ids)[:-1].double()
         return torch.exp(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]))).item()
 
     dense, quantized = (perplexity(llm) for llm in smollm2_pair)
