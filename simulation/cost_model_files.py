@@ -24,8 +24,7 @@ def find_cost_model(path: str | None = None, state_dir: str | None = None) -> Co
     with a warning, so an upgraded daemon still starts."""
     if path:
         return CostModel.load(path)
-    calibrated = sorted(Path(state_dir).glob("cost_models/*.json"), key=os.path.getmtime) if state_dir else []
-    for candidate in reversed(calibrated):
+    for candidate in state_dir_calibrations(state_dir):
         try:
             return CostModel.load(candidate)
         except ValueError as e:
@@ -41,3 +40,10 @@ def resolve_cost_model(path: str | None = None, profile: str | None = None,
     if profile:
         return ProfileCostModel.named(profile)
     return find_cost_model(path, state_dir)
+
+
+def state_dir_calibrations(state_dir: str | None) -> list[Path]:
+    """The state dir's calibrated cost models, newest first."""
+    if not state_dir:
+        return []
+    return sorted(Path(state_dir).glob("cost_models/*.json"), key=os.path.getmtime, reverse=True)

@@ -9,12 +9,11 @@ there. So a calibration is used only where its model, dtype, device kind and mac
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from simulation.calibrate import calibrate, default_cost_model_path, engine_meta
-from simulation.cost_model_files import SHIPPED_COST_MODEL
+from simulation.cost_model_files import SHIPPED_COST_MODEL, state_dir_calibrations
 from simulation.cost_model import CostModel
 from engine.llm_engine import LLMEngine
 
@@ -61,5 +60,4 @@ def choose_cost_model(engine: LLMEngine, state_dir: str, calibrate_at_start: boo
 
 def _candidates(state_dir: str) -> list[Path]:
     """The state dir's calibrations, newest first, then the shipped one."""
-    found = sorted(Path(state_dir).glob("cost_models/*.json"), key=os.path.getmtime, reverse=True)
-    return [*found, SHIPPED_COST_MODEL]
+    return [*state_dir_calibrations(state_dir), SHIPPED_COST_MODEL]
