@@ -137,8 +137,14 @@ class StepBuilder:
     def whole_prefill_size(self, seq: SequenceState) -> int:
         """For policies that do not chunk: all of the prefill if it fits what is left of the budget,
         0 to wait for a step with room, and the rest of the budget for a prompt longer than the whole
-        budget (no step may exceed the budget, so such a prompt is cut at it)."""
+        budget (no step may exceed the budget, so such a prompt is cut at it).
+
+        A prompt is started only when the free KV holds all of it, as vLLM v0's `can_allocate`:
+        admitting on its first chunk's blocks alone let a recomputed request be re-admitted, refill
+        the pool and be preempted again before its prefill ended, a thrash that never finished."""
         need = remaining_tokens(seq)
+        if self.view.blocks_needed(seq, need) > self.free_blocks:
+            return 0
         if need <= self.tokens_left:
             return need
         return self.tokens_left if need > self.knobs.token_budget else 0
