@@ -230,11 +230,13 @@ class Controller:
             within = self.space.within(params, incumbent, self.settings.trust_radius)
             if queued or (within and _within_limits(params, limit) == params):
                 trial.set_user_attr("source", trial.user_attrs.get("source", "live"))
+                self.state.claim(trial)
                 return trial, params
             self._fail(trial, "rejected", "outside trust region" if not within else "no SLO headroom")
         projected = _within_limits(self.space.project(params, incumbent, self.settings.trust_radius), limit)
         self.study.enqueue_trial(projected, user_attrs={"source": "live"})
         trial = self.study.ask(dists)
+        self.state.claim(trial)
         return trial, self.space.snap(trial.params)
 
     def _budget_limits(self, incumbent: dict[str, Any]) -> tuple[int | None, int | None]:

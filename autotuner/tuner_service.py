@@ -54,8 +54,11 @@ class TunerMetrics:
 
 class TunerService:
     def __init__(self, state_dir: str, slo: SLO, registry: CollectorRegistry, max_token_budget: int,
-                 settings: ControllerSettings | None = None) -> None:
+                 settings: ControllerSettings | None = None, storage: str | None = None,
+                 owner: str | None = None) -> None:
+        """`storage`, `owner`: a shared Optuna storage and this daemon's name there (autotuner/tuner_state.py)."""
         self.state_dir, self.slo = state_dir, slo
+        self.storage, self.owner = storage, owner
         config = os.environ.get(TUNING_CONFIG_ENV) or CONFIG
         self.settings = settings or ControllerSettings.load(config)
         self.space = load_search_space(config, max_token_budget=max_token_budget)
@@ -74,7 +77,7 @@ class TunerService:
         if s.background:
             sampling = BackgroundRunner(s.background_cpu_share, SAMPLE_TIMEOUT_S, self.stop_event)
             simulating = BackgroundRunner(s.background_cpu_share, s.warm_start_timeout_s, self.stop_event)
-        state = TunerState(self.state_dir, runner=sampling)
+        state = TunerState(self.state_dir, runner=sampling, storage=self.storage, owner=self.owner)
         self.cost = cost or LiveCostModel(find_cost_model(None, self.state_dir)).attach(engine)
         target = EngineTarget(engine, telemetry, self.stop_event)
         warm = SimulatorWarmStart(self.cost.current, self.space, self.slo, s.policy, target.knobs,

@@ -1,6 +1,12 @@
-"""Where the tuner keeps what it learned: one Optuna study per regime in SQLite under the state dir,
-and a JSON-lines log of every decision. Both survive restarts; trials a crash left running are
-marked failed when the state is opened."""
+"""Where the tuner keeps what it learned: one Optuna study per regime in SQLite under the state dir
+(or in a storage several daemons share), and a JSON-lines log of every decision in the state dir.
+Both survive restarts; trials a crash left running are marked failed when the state is opened.
+
+Shared storage (replicas of a cluster, docs/cluster.md): "journal:PATH" is Optuna's JournalStorage
+on a file (every write an appended log line under a lock file, so concurrent writers on one file
+system, NFS included, are safe), any other URL an RDB (PostgreSQL/MySQL: transactions). Each
+daemon tags the trials it asks with its `owner`, so at start-up it fails only its own leftovers,
+never a trial another replica is measuring right now."""
 
 from __future__ import annotations
 
@@ -29,13 +35,16 @@ def now_iso() -> str:
 
 
 class TunerState:
-    def __init__(self, state_dir: str | Path, seed: int | None = None, runner: BackgroundRunner | None = None) -> None:
-        """`runner`: where TPE's sampling runs (the daemon's background process); None: in this thread."""
+    def __init__(self, state_dir: str | Path, seed: int | None = None, runner: BackgroundRunner | None = None,
+                 storage: str | None = None, owner: str | None = None) -> None:
+        """`runner`: where TPE's sampling runs (the daemon's background process); None: in this thread.
+        `storage`: a shared Optuna storage (see above); None: SQLite in the state dir. `owner`: this
+        daemon's name among those sharing it (None: the storage is its alone)."""
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.storage = optuna.storages.RDBStorage(f"sqlite:///{self.dir / 'tuner.db'}")
+        self.storage = open_storage(storage or f"sqlite:///{self.dir / 'tuner.db'}")
         self.decisions_path = self.dir / "decisions.jsonl"
-        self.seed, self.runner = seed, runner
+        self.seed, self.runner, self.owner = seed, runner, owner
         self._lock = threading.Lock()
         self.recovered = self._fail_running_trials()
 
@@ -45,12 +54,19 @@ class TunerState:
         for summary in self.storage.get_all_studies():
             study_id = self.storage.get_study_id_from_name(summary.study_name)
             for trial in self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+                if self.owner is not None and trial.user_attrs.get("owner") != self.owner:
+                    continue               # another replica's trial, perhaps being measured now
                 self.storage.set_trial_user_attr(trial._trial_id, "crashed", True)
                 self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
                 count += 1
         if count:
             log.warning("tuner: marked %d trial(s) left running by an earlier process as failed", count)
         return count
+
+    def claim(self, trial: optuna.Trial) -> None:
+        """Tag a trial this daemon asked for, so a restart of it (and only of it) fails it if left running."""
+        if self.owner is not None:
+            trial.set_user_attr("owner", self.owner)
 
     def study_for(self, regime: Regime, signals: tuple[float, ...]) -> tuple[Regime, optuna.Study]:
         """The study of the known regime nearest to `signals` (log2 token ratio, log2 rate, scaled
@@ -93,6 +109,17 @@ class TunerState:
         line = json.dumps({"time": now_iso(), **entry}, default=_jsonable)
         with self._lock, self.decisions_path.open("a") as f:
             f.write(line + "\n")
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """"journal:PATH": a journal file (file-locked appends); anything else: an RDB URL."""
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        path = Path(url.removeprefix("journal:"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(path)))
+    return optuna.storages.RDBStorage(url)
 
 
 def _jsonable(value: Any) -> Any:
