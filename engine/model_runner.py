@@ -42,12 +42,40 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.block_size = block_size
-        self.model = build_model(checkpoint, dtype, self.device, max_model_len)
+        self.model, self.quantized_path = build_model(checkpoint, dtype, self.device, max_model_len)
         c = self.config
         self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * block_size, c.num_kv_heads, c.head_dim,
                                     dtype=dtype, device=self.device)
         self.attention = make_attention_backend(attention_backend, c.head_dim ** -0.5, self.device.type)
         self.sampler = Sampler(seed)
+
+    @property
+    def weights(self) -> str:
+        """What the linear layers run on: `quantized` (the GGUF's blocks, with the kernels for steps of
+        up to `quantized_max_rows` rows) or `dense`."""
+        return "quantized" if self.quantized_path else "dense"
+
+    @property
+    def quantized_max_rows(self) -> int:
+        """Steps of up to this many rows (tokens) run on the quantized kernels; 0 without them."""
+        return self.quantized_path.max_rows if self.quantized_path else 0
+
+    def stored_linear_bytes(self) -> int:
+        """Bytes of the linear layers' weights (LM head included) as the model holds them."""
+        seen, total = set(), 0
+        for module in self.model.modules():
+            if isinstance(module, QuantizedLinear):
+                total += module.nbytes
+            elif isinstance(module, torch.nn.Linear) and id(module.weight) not in seen:
+                seen.add(id(module.weight))
+                total += module.weight.nbytes
+        return total
+
+    def set_quantized_max_rows(self, rows: int) -> None:
+        """Move the crossover: steps of up to `rows` rows on the kernels (0: every step dense), as a
+        calibration of this model on this machine measured it."""
+        if self.quantized_path:
+            self.quantized_path.max_rows = rows
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest], banned: list[tuple[int, ...]] | None = None,
@@ -99,14 +127,15 @@ class ModelRunner:
         return layout, input_ids, sampling
 
 
-def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, max_positions: int) -> LlamaForCausalLM:
+def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device,
+                max_positions: int) -> tuple[LlamaForCausalLM, QuantizedPath | None]:
     """Build on the meta device (no wasted init), then take the checkpoint's tensors as parameters; modules
-    whose weights the checkpoint keeps quantized become QuantizedLinear / QuantizedEmbedding."""
+    whose weights the checkpoint keeps quantized become QuantizedLinear / QuantizedEmbedding, sharing
+    the returned path (None when every weight is dense)."""
     with torch.device("meta"):
         model = LlamaForCausalLM(checkpoint.config, max_positions)
     state = {k: v.to(device=device, dtype=dtype) for k, v in fuse_projections(checkpoint.state_dict, checkpoint.config).items()}
-    if checkpoint.quantized:
-        install_quantized(model, checkpoint, state, dtype)
+    path = install_quantized(model, checkpoint, state, dtype) if checkpoint.quantized else None
     tied = checkpoint.config.tie_word_embeddings and "model.embed_tokens.weight" in state
     if tied:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
@@ -114,7 +143,7 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary = type(model.model.rotary)(checkpoint.config, max_positions).to(device)
-    return model.eval()
+    return model.eval(), path
 
 
 def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: dict[str, torch.Tensor],

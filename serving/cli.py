@@ -7,6 +7,7 @@ import os
 import sys
 
 from serving import cli_tuning
+from serving.cli_tuning import WEIGHTS_HELP
 from engine.errors import EngineError
 
 
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: the bundled SmolLM2-135M-Instruct)")
     gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
                      help="auto: bf16 where the hardware runs it fast, else fp32")
+    gen.add_argument("--weights", default="auto", choices=["auto", "quantized", "dense"], help=WEIGHTS_HELP)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
@@ -61,6 +63,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; any other needs an API key)")
     p.add_argument("--port", type=int, default=None, help="port (default 8000)")
     p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp32"], help="default auto")
+    p.add_argument("--weights", default=None, choices=["auto", "quantized", "dense"], help=WEIGHTS_HELP)
     p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:N")
     p.add_argument("--policy", default=None, help="scheduling policy (default deadline; see `autotuned-serve policies`)")
     p.add_argument("--token-budget", type=int, default=None,
@@ -210,8 +213,8 @@ def run_serve(args: argparse.Namespace) -> None:
     from serving.daemon_config import DaemonConfig
     from serving.settings import load_settings
 
-    overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "device", "policy", "kv_cache_memory_mb",
-                                               "max_waiting", "api_key", "grace_s", "state_dir", "tune",
+    overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "weights", "device", "policy",
+                                               "kv_cache_memory_mb", "max_waiting", "api_key", "grace_s", "state_dir", "tune",
                                                "slo_classes", "calibrate", "prefix_caching")}
     settings = load_settings(args.config, overrides)
     if args.token_budget:
@@ -235,7 +238,7 @@ def served_model_name(model: str | None) -> str:
 def run_generate(args: argparse.Namespace) -> None:
     from engine import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype)
+    llm = LLM(args.model, dtype=args.dtype, weights=args.weights)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)
     tokenizer = llm.tokenizer

@@ -9,10 +9,16 @@ import sys
 DEFAULT_STATE_DIR = "state"
 
 
+WEIGHTS_HELP = ("auto (default): a GGUF's quantized weights stay as stored and steps up to a measured size run "
+                "on them with the CPU kernels; quantized: the same, or an error where it cannot; dense: "
+                "dequantize at load (fp32/bf16)")
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     cal = sub.add_parser("calibrate", help="profile the engine over a grid of step shapes and fit its cost model")
     cal.add_argument("--model", default=None, help="a .gguf, an HF directory or a preset (default: bundled SmolLM2)")
     cal.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    cal.add_argument("--weights", default="auto", choices=["auto", "quantized", "dense"], help=WEIGHTS_HELP)
     cal.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     cal.add_argument("--kv-cache-memory-mb", type=float, default=512.0, help="KV pool, as the daemon's (default 512)")
     cal.add_argument("--points", type=int, default=120, help="grid points measured (default 120)")
@@ -124,11 +130,14 @@ def run_calibrate(args: argparse.Namespace) -> None:
         raise ValueError("--points must be >= 10, --repeats >= 1 and --holdout in [0, 0.9)")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, weights=args.weights, device=args.device,
                                     kv_cache_memory_mb=args.kv_cache_memory_mb))
     model = calibrate(engine, args.points, args.repeats, args.holdout)
-    path = model.save(args.out or default_cost_model_path(args.state_dir, model.model, model.dtype, model.device))
-    print(json.dumps({"path": str(path), "coefficients": model.coefficients, "fit_mape": model.fit_mape,
+    path = model.save(args.out or default_cost_model_path(args.state_dir, model.model, model.dtype, model.device,
+                                                          model.weights))
+    print(json.dumps({"path": str(path), "weights": model.weights, "kernel_max_rows": model.kernel_max_rows,
+                      "coefficients": model.coefficients, "kernel_coefficients": model.kernel_coefficients,
+                      "fit_mape": model.fit_mape,
                       "holdout_mape": model.holdout_mape, "num_samples": model.num_samples}, indent=2))
 
 

@@ -36,9 +36,12 @@ def run_daemon(config: DaemonConfig) -> None:
              if config.tune else None)
 
     def load() -> LLMEngine:
-        engine = telemetry.attach(LLMEngine(config.engine))
-        # the deadline policy prices each step with it, kept to the machine's live speed
+        engine = LLMEngine(config.engine)
+        # the deadline policy prices each step with it, kept to the machine's live speed; chosen before
+        # telemetry attaches, so a start-up calibration's steps stay out of the metrics, and the
+        # quantized kernels' crossover (which a calibration may move) is final when MBU is priced
         choice = choose_cost_model(engine, config.state_dir, config.calibrate)
+        telemetry.attach(engine)
         cost = LiveCostModel(choice.model, choice.source, choice.describes_machine).attach(engine)
         engine.scheduler.arrival_guard_s = config.api.slo_classes.arrival_guard_s()
         # What exists now (the tokenizer's vocabulary, checkpoint metadata, imported modules) lives as

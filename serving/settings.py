@@ -27,6 +27,7 @@ class SettingsError(ValueError):
 class Settings:
     model: str | None = None            # None: the bundled SmolLM2-135M-Instruct
     dtype: str = "auto"
+    weights: str = "auto"               # auto/quantized: a GGUF's quantized weights stay as stored on the CPU; dense
     device: str = "cpu"
     kv_cache_memory_mb: float = 512.0
     num_kv_blocks: int | None = None
@@ -52,7 +53,8 @@ class Settings:
     peak_bandwidth: float | None = None
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, block_size=self.block_size,
+        return EngineConfig(model=self.model, dtype=self.dtype, weights=self.weights, device=self.device,
+                            block_size=self.block_size,
                             kv_cache_memory_mb=self.kv_cache_memory_mb, num_kv_blocks=self.num_kv_blocks,
                             max_model_len=self.max_model_len, policy=self.policy, knobs=self.knob_values(),
                             max_token_budget=self.max_token_budget, enable_prefix_caching=self.prefix_caching)
@@ -91,6 +93,7 @@ class Settings:
         try:
             get_policy(self.policy)
             self.engine_config().torch_dtype()
+            self.engine_config().weights_mode()
         except ValueError as e:
             raise SettingsError(str(e)) from e
         self._check_device()

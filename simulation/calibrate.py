@@ -37,6 +37,7 @@ CHUNK_CONTEXTS = (0, 256, 1024, 3072)
 MAX_OTHER_LOAD = 0.10     # other processes' CPU share above which a point is measured again
 MAX_RETAKES = 3
 RETAKE_PAUSE_S = 2.0
+CROSSOVER_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)   # decode batches timed on both paths of a quantized model
 MIN_POINTS = 24           # a time-limited calibration measures at least this many (7 features, a holdout)
 
 
@@ -54,15 +55,26 @@ class GridPoint:
 
 
 def grid(max_kv_blocks: int, block_size: int, max_tokens: int, num_points: int, seed: int = 0,
-         max_len: int = 1 << 30) -> list[GridPoint]:
+         max_len: int = 1 << 30, kernel_max_rows: int = 0) -> list[GridPoint]:
     """A random sample of the full grid, limited to what the KV pool holds, the budget allows and
-    the model's length admits."""
+    the model's length admits; with `kernel_max_rows`, steps on the quantized kernels and steps
+    above them alternate."""
     points = [GridPoint(*p) for p in itertools.product(DECODE_BATCHES, DECODE_CONTEXTS, CHUNKS, CHUNK_CONTEXTS)]
     points = [p for p in points if (p.decodes or p.chunk) and (p.decodes or p.decode_context == DECODE_CONTEXTS[0])
               and (p.chunk or p.chunk_context == 0) and p.kv_blocks(block_size) <= max_kv_blocks
               and p.decodes + p.chunk <= max_tokens and max(p.decode_context + 1, p.chunk + p.chunk_context) <= max_len]
     random.Random(seed).shuffle(points)
+    if kernel_max_rows:
+        points = _alternate([p for p in points if p.decodes + p.chunk <= kernel_max_rows],
+                            [p for p in points if p.decodes + p.chunk > kernel_max_rows])
     return points[:num_points]
+
+
+def _alternate(first: list[GridPoint], second: list[GridPoint]) -> list[GridPoint]:
+    """One of each in turn while both last: a time-limited prefix then fits both paths of the cost model."""
+    both = [p for pair in zip(first, second) for p in pair]
+    n = min(len(first), len(second))
+    return both + first[n:] + second[n:]
 
 
 def _request(name: str, prompt_tokens: int, computed: int) -> Request:
@@ -117,6 +129,30 @@ def measure(engine: LLMEngine, point: GridPoint, repeats: int, retakes: int | No
     return StepShape.of_schedule(result), statistics.median(times)
 
 
+def measure_step_crossover(engine: LLMEngine, repeats: int, retakes: int | None = None) -> int:
+    """The largest decode batch up to which whole steps on the quantized kernels beat the same steps
+    dequantized to the fp32 GEMM (stopping at the first loss), set as the engine's crossover. The
+    start-up's guess times one matrix alone; the whole step (attention, norms, the LM head beside the
+    matmuls) is what the cost model prices, so the crossover is measured on it."""
+    runner, blocks = engine.runner, engine.block_manager
+    best, timings = 0, []
+    for rows in CROSSOVER_ROWS:
+        point = GridPoint(rows, DECODE_CONTEXTS[0], 0, 0)
+        if rows > engine.config.max_token_budget or point.kv_blocks(blocks.block_size) > blocks.num_free_blocks:
+            break
+        runner.set_quantized_max_rows(rows)
+        kernel_s = measure(engine, point, repeats, retakes)[1]
+        runner.set_quantized_max_rows(rows - 1)
+        dense_s = measure(engine, point, repeats, retakes)[1]
+        timings.append(f"{rows} rows {kernel_s * 1e3:.1f}/{dense_s * 1e3:.1f} ms")
+        if kernel_s > dense_s:
+            break
+        best = rows
+    runner.set_quantized_max_rows(best)
+    log.info("calibration: quantized kernels for steps of up to %d rows (kernels/dense: %s)", best, ", ".join(timings))
+    return best
+
+
 def live_steps(engine: LLMEngine, num_requests: int, seed: int = 0) -> list[StepRecord]:
     """Whole engine steps (scheduling, sampling and output handling included, which the grid's bare
     forward passes leave out) of a burst of chat-sized requests."""
@@ -143,8 +179,10 @@ def calibrate(engine: LLMEngine, num_points: int = 120, repeats: int = 3, holdou
     MAPE on the held-out share is in the result. With `time_limit_s`, the grid stops once that is
     spent (the points are a random sample, so a prefix is one too), after MIN_POINTS at least."""
     blocks = engine.block_manager
+    if engine.runner.quantized_path and engine.config.quantized_max_rows is None:
+        measure_step_crossover(engine, repeats, retakes)
     points = grid(blocks.num_free_blocks, blocks.block_size, engine.config.max_token_budget, num_points, seed,
-                  engine.max_model_len)
+                  engine.max_model_len, engine.runner.quantized_max_rows)
     shapes, seconds = [], []
     start = time.monotonic()
     for point in tqdm(points, desc="calibrating", disable=not progress):
@@ -165,9 +203,12 @@ def engine_meta(engine: LLMEngine) -> dict[str, object]:
     device = engine.config.device
     return {"model": engine.model_config.name, "dtype": str(engine.runner.dtype).removeprefix("torch."),
             "device": device, "fingerprint": machine_fingerprint(device),
-            "kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_manager.block_size}
+            "kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_manager.block_size,
+            "weights": engine.runner.weights, "kernel_max_rows": engine.runner.quantized_max_rows}
 
 
-def default_cost_model_path(state_dir: str | Path, model: str, dtype: str, device: str) -> Path:
+def default_cost_model_path(state_dir: str | Path, model: str, dtype: str, device: str,
+                            weights: str = "dense") -> Path:
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in model.lower())
-    return Path(state_dir) / "cost_models" / f"{safe}-{dtype}-{device}.json"
+    suffix = "" if weights == "dense" else f"-{weights}"
+    return Path(state_dir) / "cost_models" / f"{safe}-{dtype}{suffix}-{device}.json"

@@ -12,11 +12,18 @@ read, `attended_pairs` attention arithmetic (a chunk's quadratic term), `sequenc
 bookkeeping. Coefficients are fitted by non-negative least squares on relative error, so a cheap
 decode step weighs as much as an expensive prefill step. The simulator calls `predict` once per
 step, so it is plain Python arithmetic.
+
+An engine on quantized weights runs a step of up to `kernel_max_rows` tokens on the quantized
+kernels (bandwidth-bound: a low constant, a steep per-row slope) and a larger one by dequantizing
+and calling the fp32 GEMM (a high constant, fp32's slope): two regimes one line cannot fit. Such a
+model has a second set of coefficients, fitted on the kernel steps alone, and each step is priced
+with the set of the path it takes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -26,6 +33,8 @@ from scipy.optimize import nnls
 
 from engine.outputs import StepRecord
 from engine.scheduler import ScheduleResult
+
+log = logging.getLogger(__name__)
 
 FEATURES = ("constant", "tokens", "sqrt_tokens", "sampled", "context_tokens", "attended_pairs", "sequences")
 
@@ -69,6 +78,9 @@ class CostModel:
     kv_blocks: int = 0                       # the calibrated engine's KV pool, which the simulator copies
     block_size: int = 16
     tile_tokens: int = 1                     # prefill chunks of a multiple of this are cheapest per token (GPU tiles)
+    weights: str = "dense"                   # what the linear layers ran on: dense or quantized (engine.model_runner)
+    kernel_max_rows: int = 0                 # steps of up to this many tokens ran on the quantized kernels
+    kernel_coefficients: tuple[float, ...] = ()  # FEATURES' coefficients of those steps; `coefficients` price the rest
     fit_mape: float | None = None            # on the steps it was fitted to
     holdout_mape: float | None = None        # on steps kept out of the fit
     num_samples: int = 0
@@ -80,19 +92,21 @@ class CostModel:
 
     def predict_counts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int, seqs: int) -> float:
         """`predict` without building a StepShape: the simulator's per-step hot path."""
-        c0, tok, root, samp, ctx, pair, seq = self.coefficients
         tokens = prefill + decode
+        c0, tok, root, samp, ctx, pair, seq = (self.kernel_coefficients if 0 < tokens <= self.kernel_max_rows
+                                               else self.coefficients)
         return (c0 + tok * tokens + root * math.sqrt(tokens) + samp * sampled + ctx * context
                 + pair * pairs + seq * seqs)
 
-    def describes(self, model: str, dtype: str, device: str, fingerprint: str) -> bool:
-        """Fitted on this model, dtype and device kind, on a machine with this fingerprint."""
-        return (self.model, self.dtype, self.device.split(":")[0], self.fingerprint) == (
-            model, dtype, device.split(":")[0], fingerprint)
+    def describes(self, model: str, dtype: str, device: str, fingerprint: str, weights: str = "dense") -> bool:
+        """Fitted on this model, dtype, weights and device kind, on a machine with this fingerprint."""
+        return (self.model, self.dtype, self.device.split(":")[0], self.fingerprint, self.weights) == (
+            model, dtype, device.split(":")[0], fingerprint, weights)
 
     def scaled(self, factor: float) -> CostModel:
         """Every prediction times `factor` (the model is linear in its coefficients)."""
         return replace(self, coefficients=tuple(c * factor for c in self.coefficients),
+                       kernel_coefficients=tuple(c * factor for c in self.kernel_coefficients),
                        notes=self.notes | {"speed_factor": f"{factor:.3f}"})
 
     def mape(self, shapes: list[StepShape], seconds: list[float]) -> float:
@@ -115,26 +129,53 @@ class CostModel:
             if data.pop("features") != list(FEATURES):
                 raise ValueError("it was fitted with other features; run `autotuned-serve calibrate` again")
             data["coefficients"] = tuple(data["coefficients"])
-            return CostModel(**data)
+            data["kernel_coefficients"] = tuple(data.get("kernel_coefficients", ()))
+            model = CostModel(**data)
+            if model.kernel_max_rows and len(model.kernel_coefficients) != len(FEATURES):
+                raise ValueError(f"kernel_max_rows {model.kernel_max_rows} without {len(FEATURES)} kernel coefficients")
+            return model
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"cannot read cost model {path}: {e}") from e
 
 
 def fit_cost_model(shapes: list[StepShape], seconds: list[float], holdout_fraction: float = 0.0,
                    seed: int = 0, **meta) -> CostModel:
-    """Non-negative least squares on relative error; optionally keeps a random share out to report MAPE on."""
+    """Non-negative least squares on relative error; optionally keeps a random share out to report MAPE on.
+    With `kernel_max_rows` in `meta`, the steps of each path are fitted on their own."""
     if len(shapes) != len(seconds) or len(shapes) < len(FEATURES):
         raise ValueError(f"need at least {len(FEATURES)} measured steps to fit a cost model, got {len(shapes)}")
     order = np.random.default_rng(seed).permutation(len(shapes))
     num_holdout = int(len(shapes) * holdout_fraction)
     held, used = order[:num_holdout], order[num_holdout:]
-    x = np.array([shapes[i].features() for i in used], dtype=float)
-    y = np.array([seconds[i] for i in used], dtype=float)
+    rows = int(meta.get("kernel_max_rows", 0))
+    on_kernels = [i for i in used if _tokens(shapes[i]) <= rows]
+    on_dense = [i for i in used if _tokens(shapes[i]) > rows]
+    if rows and min(len(on_kernels), len(on_dense)) < len(FEATURES):
+        log.warning("%d kernel and %d dense steps: too few to fit each path, one fit prices both",
+                    len(on_kernels), len(on_dense))
+        coefficients = _nnls_fit(shapes, seconds, list(used))
+        kernel = coefficients
+    else:
+        coefficients = _nnls_fit(shapes, seconds, on_dense)
+        kernel = _nnls_fit(shapes, seconds, on_kernels) if rows else ()
+    model = CostModel(coefficients, kernel_coefficients=kernel, num_samples=len(used), **meta)
+    fit_mape = model.mape([shapes[i] for i in used], [seconds[i] for i in used])
+    holdout = model.mape([shapes[i] for i in held], [seconds[i] for i in held]) if num_holdout else None
+    return replace(model, fit_mape=fit_mape, holdout_mape=holdout)
+
+
+def _tokens(shape: StepShape) -> int:
+    return shape.num_prefill_tokens + shape.num_decode_tokens
+
+
+def _nnls_fit(shapes: list[StepShape], seconds: list[float], indices: list[int]) -> tuple[float, ...]:
+    if len(indices) < len(FEATURES):
+        raise ValueError(f"need at least {len(FEATURES)} measured steps on each path to fit a cost model, "
+                         f"got {len(indices)}")
+    x = np.array([shapes[i].features() for i in indices], dtype=float)
+    y = np.array([seconds[i] for i in indices], dtype=float)
     scale = x.max(axis=0)
     scale[scale == 0] = 1.0
     weights = 1.0 / y                      # relative error: divide each row by its own time
     coef, _ = nnls(x / scale * weights[:, None], y * weights)
-    model = CostModel(tuple(float(c) for c in coef / scale), num_samples=len(used), **meta)
-    fit_mape = model.mape([shapes[i] for i in used], list(y))
-    holdout = model.mape([shapes[i] for i in held], [seconds[i] for i in held]) if num_holdout else None
-    return CostModel(model.coefficients, fit_mape=fit_mape, holdout_mape=holdout, num_samples=len(used), **meta)
+    return tuple(float(c) for c in coef / scale)

@@ -3,8 +3,9 @@ a short calibration, or (with --no-calibrate) the shipped one scaled by the live
 
 A cost model fitted elsewhere misprices every step here: on a faster CPU the deadline policy
 would cut prefill chunks for nothing, on a GPU the warm start would search a machine that is not
-there. So a calibration is used only where its model, dtype, device kind and machine fingerprint
-(simulation/machine.py) all match."""
+there; a fit of dequantized fp32 steps prices a quantized engine's decodes at twice their time. So
+a calibration is used only where its model, dtype, weights (dense or quantized), device kind and
+machine fingerprint (simulation/machine.py) all match."""
 
 from __future__ import annotations
 
@@ -34,22 +35,23 @@ class CostModelChoice:
 
 def choose_cost_model(engine: LLMEngine, state_dir: str, calibrate_at_start: bool = True) -> CostModelChoice:
     meta = engine_meta(engine)
-    want = (str(meta["model"]), str(meta["dtype"]), str(meta["device"]), str(meta["fingerprint"]))
+    want = tuple(str(meta[key]) for key in ("model", "dtype", "device", "fingerprint", "weights"))
     for path in _candidates(state_dir):
         try:
             model = CostModel.load(path)
         except ValueError as e:
             log.warning("skipping %s", e)
             continue
-        if model.describes(*want):
+        if model.describes(*want) and _same_crossover(engine, model):
+            _adopt_crossover(engine, model)
             return CostModelChoice(model, str(path), True)
-    what = f"{want[0]} {want[1]} on {want[3]}"
+    what = f"{want[0]} {want[1]} ({want[4]} weights) on {want[3]}"
     if calibrate_at_start:
         log.info("no calibration describes %s: calibrating now (about a minute; --no-calibrate skips it)", what)
         # no re-takes on a busy machine: a start-up is bounded in time; the live speed factor corrects it
         model = calibrate(engine, START_UP_POINTS, repeats=1, holdout_fraction=0.2,
                           live_requests=START_UP_LIVE_REQUESTS, time_limit_s=START_UP_GRID_S, retakes=0)
-        path = model.save(default_cost_model_path(state_dir, model.model, model.dtype, model.device))
+        path = model.save(default_cost_model_path(state_dir, model.model, model.dtype, model.device, model.weights))
         log.info("calibrated in the start-up: %s (holdout MAPE %.0f%%)", path, 100 * (model.holdout_mape or 0))
         return CostModelChoice(model, f"calibrated at start-up: {path}", True)
     source = (f"shipped {SHIPPED_COST_MODEL.name}, which does not describe {what} (--no-calibrate): "
@@ -58,6 +60,22 @@ def choose_cost_model(engine: LLMEngine, state_dir: str, calibrate_at_start: boo
     return CostModelChoice(CostModel.load(SHIPPED_COST_MODEL), source, False)
 
 
+def _same_crossover(engine: LLMEngine, model: CostModel) -> bool:
+    """A crossover fixed in the engine's config must be the one the model's steps were measured with."""
+    fixed = engine.config.quantized_max_rows
+    return fixed is None or model.kernel_max_rows == engine.runner.quantized_max_rows
+
+
+def _adopt_crossover(engine: LLMEngine, model: CostModel) -> None:
+    """Run steps on the path the model prices them on: the calibration's crossover, measured over the
+    whole model, replaces the start-up's quick one, which moves with the machine's load."""
+    if model.weights == "quantized" and model.kernel_max_rows != engine.runner.quantized_max_rows:
+        log.info("quantized kernels for steps of up to %d rows, as calibrated (start-up measure: %d)",
+                 model.kernel_max_rows, engine.runner.quantized_max_rows)
+        engine.runner.set_quantized_max_rows(model.kernel_max_rows)
+
+
 def _candidates(state_dir: str) -> list[Path]:
-    """The state dir's calibrations, newest first, then the shipped one."""
-    return [*state_dir_calibrations(state_dir), SHIPPED_COST_MODEL]
+    """The state dir's calibrations, newest first, then the shipped ones (the dense fp32 fit first)."""
+    shipped = sorted(SHIPPED_COST_MODEL.parent.glob("*.json"), key=lambda p: p != SHIPPED_COST_MODEL)
+    return [*state_dir_calibrations(state_dir), *shipped]

@@ -12,6 +12,10 @@ from engine.outputs import StepRecord
 class ModelCost:
     config: ModelConfig
     dtype_bytes: int
+    # weights kept quantized (engine.model_runner): the bytes its linear layers stream on the kernels,
+    # and the steps (by rows) that run there; larger steps also stream the dequantized copy's bytes
+    stored_weight_bytes: int | None = None
+    kernel_max_rows: int = 0
 
     @property
     def layer_matmul_params(self) -> int:
@@ -21,9 +25,19 @@ class ModelCost:
 
     @property
     def weight_bytes(self) -> int:
+        """The linear layers' weights (the LM head included) at the model dtype's size."""
         c = self.config
         lm_head = c.vocab_size * c.hidden_size
         return (self.layer_matmul_params + lm_head) * self.dtype_bytes
+
+    def step_weight_bytes(self, tokens: int) -> int:
+        """Weight bytes a step of `tokens` rows reads: the stored blocks on the quantized kernels; above
+        them the stored blocks (dequantized) and then the dense copy the GEMM reads."""
+        if self.stored_weight_bytes is None:
+            return self.weight_bytes
+        if tokens <= self.kernel_max_rows:
+            return self.stored_weight_bytes
+        return self.stored_weight_bytes + self.weight_bytes
 
     def step_flops(self, r: StepRecord) -> float:
         c = self.config
@@ -36,4 +50,4 @@ class ModelCost:
         """Weights read once, cached K/V read for every attended token, new K/V written."""
         kv_token = self.config.kv_bytes_per_token * self.dtype_bytes
         tokens = r.num_prefill_tokens + r.num_decode_tokens
-        return float(self.weight_bytes + kv_token * (r.context_tokens + tokens))
+        return float(self.step_weight_bytes(tokens) + kv_token * (r.context_tokens + tokens))

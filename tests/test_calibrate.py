@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from simulation import calibrate as calibrate_module
 from simulation.calibrate import GridPoint, build_step, calibrate, grid
 from tests.conftest import assert_no_kv_leak, make_engine
@@ -59,3 +61,56 @@ def test_the_daemon_uses_only_a_cost_model_of_its_own_machine(tiny_hf, monkeypat
 
     again = startup_cost_model.choose_cost_model(engine, str(tmp_path))    # the saved one is found next time
     assert again.describes_machine and again.model == calibrated.model and "start-up" not in again.source
+
+
+@pytest.fixture(scope="module")
+def q8_gguf(tiny_hf, tmp_path_factory):
+    """The tiny Llama as a GGUF whose linear layers are Q8_0 (kept quantized by the engine)."""
+    from gguf import GGMLQuantizationType as T
+
+    from tests.gguf_writer import write_gguf
+    path = str(tmp_path_factory.mktemp("q8gguf") / "tiny-q8.gguf")
+    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    write_gguf(tiny_hf[1], path, {f"{n}.weight": int(T.Q8_0) for n in names})
+    return path
+
+
+def test_a_quantized_engine_is_calibrated_per_path_and_matched_by_weights(q8_gguf, monkeypatch, tmp_path):
+    """Steps on the kernels and steps above the crossover get their own coefficients; the weights are
+    part of what a calibration describes, so a dense one does not price a quantized engine."""
+    from simulation import startup_cost_model
+    from simulation.cost_model import CostModel
+
+    monkeypatch.setattr(calibrate_module, "MAX_RETAKES", 0)
+    engine = make_engine(q8_gguf, num_kv_blocks=4096, block_size=16, weights="quantized", quantized_max_rows=8)
+    assert engine.runner.weights == "quantized" and engine.runner.quantized_max_rows == 8
+    dense = make_engine(q8_gguf, weights="dense")
+    assert dense.runner.weights == "dense" and dense.runner.quantized_max_rows == 0
+    # 73,728 layer weights in Q8_0 (34 bytes a block of 32) and the fp32 LM head (300 x 64), against all in fp32
+    assert engine.runner.stored_linear_bytes() == 73_728 * 34 // 32 + 19_200 * 4
+    assert dense.runner.stored_linear_bytes() == (73_728 + 19_200) * 4
+    model = calibrate(engine, num_points=30, repeats=1, holdout_fraction=0.2, progress=False, live_requests=2)
+    assert model.weights == "quantized" and model.kernel_max_rows == 8 and len(model.kernel_coefficients) == 7
+    assert_no_kv_leak(engine)
+
+    meta = calibrate_module.engine_meta(engine)
+    CostModel((0.5,) + (0.0,) * 6, **(meta | {"weights": "dense", "kernel_max_rows": 0})).save(
+        tmp_path / "cost_models" / "dense.json")
+    dense_only = startup_cost_model.choose_cost_model(engine, str(tmp_path), calibrate_at_start=False)
+    assert not dense_only.describes_machine
+    model.save(tmp_path / "cost_models" / "quantized.json")
+    chosen = startup_cost_model.choose_cost_model(engine, str(tmp_path), calibrate_at_start=False)
+    assert chosen.describes_machine and chosen.model == model
+
+
+def test_the_crossover_is_measured_on_whole_steps(q8_gguf, monkeypatch):
+    """The kernels keep every step size up to the first one where dense + GEMM is faster."""
+    engine = make_engine(q8_gguf, num_kv_blocks=4096, block_size=16, weights="quantized", quantized_max_rows=1)
+
+    def fake_measure(engine, point, repeats, retakes=None):
+        on_kernels = point.decodes <= engine.runner.quantized_max_rows
+        faster = on_kernels == (point.decodes <= 16)
+        return None, 0.01 if faster else 0.02
+    monkeypatch.setattr(calibrate_module, "measure", fake_measure)
+    assert calibrate_module.measure_step_crossover(engine, repeats=1) == 16
+    assert engine.runner.quantized_max_rows == 16

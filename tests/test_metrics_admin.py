@@ -129,6 +129,16 @@ def test_mfu_of_a_known_step():
     assert summary.mbu == pytest.approx((4 * (73_728 + 19_200) + 3 * 512) / 2e6)
 
 
+def test_quantized_weights_are_counted_as_stored_on_the_kernel_path():
+    """MBU of a quantized engine: a step on the kernels reads the stored blocks, a larger one reads
+    them to dequantize and then the dense copy; fp32's bytes would overstate a decode's ~5x."""
+    config = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=16, max_position_embeddings=512)
+    dense, quantized = ModelCost(config, 4), ModelCost(config, 4, stored_weight_bytes=20_000, kernel_max_rows=8)
+    assert quantized.step_weight_bytes(8) == 20_000 and dense.step_weight_bytes(8) == 4 * (73_728 + 19_200)
+    assert quantized.step_weight_bytes(9) == 20_000 + dense.weight_bytes
+
+
 def test_flop_count_matches_the_loaded_model(tiny_hf):
     """ModelCost's closed form and the count from the engine's modules agree on the checkpoint."""
     engine = make_engine(tiny_hf[0])

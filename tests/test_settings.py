@@ -33,6 +33,7 @@ def test_default_config_file_loads():
     ("knobs: {token_budget: 0}", "knobs: knob token_budget=0"),
     ("knobs: {budget: 10}", "knobs: "),
     ("policy: lifo", "unknown policy 'lifo'"),
+    ("weights: int3", "unknown weights 'int3': expected auto, dense or quantized"),
     ("[1, 2]", "expected a mapping"),
     ("port: [", "not valid YAML"),
 ])

@@ -91,6 +91,27 @@ def test_fit_recovers_known_coefficients():
     assert model.fit_mape < 1e-3
 
 
+def test_a_quantized_engines_two_paths_are_fitted_and_priced_apart(tmp_path):
+    """Steps of up to kernel_max_rows tokens run on the quantized kernels (cheap constant, steep rows),
+    larger ones on dequantize + fp32 GEMM: one line fits neither, a set per path fits both."""
+    kernels = CostModel((0.025, 3e-3, 0.0, 0.0, 1e-7, 0.0, 1e-5))
+    dense = CostModel((0.06, 2e-4, 0.0, 3e-5, 1e-7, 1e-9, 1e-5))
+    shapes = [StepShape(p, d, d + (p > 0), d * 300 + p + c, d * 300 + p * c + p * p // 2, d + (p > 0))
+              for p in (0, 1, 8, 128, 512) for d in (0, 1, 2, 4, 8, 16, 32) for c in (0, 700) if p or d]
+    truth = [(kernels if s.num_prefill_tokens + s.num_decode_tokens <= 16 else dense).predict(s) for s in shapes]
+    one_line = fit_cost_model(shapes, truth, model="m", dtype="fp32", device="cpu")
+    two_paths = fit_cost_model(shapes, truth, model="m", dtype="fp32", device="cpu", weights="quantized",
+                               kernel_max_rows=16)
+    assert one_line.fit_mape > 0.05 and two_paths.fit_mape < 1e-3
+    decode = StepShape(0, 1, 1, 300, 300, 1)
+    assert two_paths.predict(decode) == pytest.approx(kernels.predict(decode), rel=1e-3)
+    assert two_paths.scaled(2.0).predict(decode) == pytest.approx(2 * kernels.predict(decode), rel=1e-3)
+    assert CostModel.load(two_paths.save(tmp_path / "q.json")) == two_paths
+    assert two_paths.describes("m", "fp32", "cpu", "", "quantized") and not two_paths.describes("m", "fp32", "cpu", "")
+    few = fit_cost_model(shapes, truth, weights="quantized", kernel_max_rows=1)     # too few kernel steps to fit
+    assert few.kernel_max_rows == 1 and few.kernel_coefficients == few.coefficients
+
+
 def test_cost_model_round_trip_and_bad_file(tmp_path):
     model = CostModel((0.1,) * len(FEATURES), model="m", dtype="fp32", device="cpu", kv_blocks=10)
     assert CostModel.load(model.save(tmp_path / "m.json")) == model
