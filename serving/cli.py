@@ -11,6 +11,9 @@ from serving.cli_tuning import WEIGHTS_HELP
 from engine.errors import EngineError
 
 
+PLUGIN_GROUP = "autotuned_serve.commands"   # entry points adding subcommands (cluster/cli.py: `cluster`)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotuned-serve", description="A self-tuning LLM serving daemon.")
     sub = parser.add_subparsers(dest="command")
@@ -49,10 +52,24 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--state-dir", default=cli_tuning.DEFAULT_STATE_DIR,
                      help="with --simulate: where a calibrated cost model is looked for (default state)")
     cli_tuning.add_parsers(sub)
+    add_plugin_parsers(sub)
     srv = sub.add_parser("serve", help="run the OpenAI-compatible daemon (the default command)")
     add_serve_arguments(srv)
     add_serve_arguments(parser)   # `autotuned-serve` alone serves with these
     return parser
+
+
+def add_plugin_parsers(sub) -> None:
+    """Subcommands of packages above serving/ (docs/architecture.md), found by entry point so this
+    module need not import them; each sets `run_plugin` (its handler) in the parsed arguments."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=PLUGIN_GROUP):
+        try:
+            add = entry.load()
+        except ImportError:     # an install older than this checkout: the CLI works without the command
+            continue
+        add(sub)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -263,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             run_capacity_command(args)
         elif cli_tuning.run(args):
             pass
+        elif getattr(args, "run_plugin", None):
+            args.run_plugin(args)
         else:
             run_serve(args)
         return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.engine_config import EngineConfig
 from serving.api_server import ApiConfig
@@ -23,3 +23,6 @@ class DaemonConfig:
     tune: bool = True                         # run the online controller beside the engine
     state_dir: str = "state"                  # tuner studies, decisions, calibrated cost models
     calibrate: bool = True                    # calibrate at start-up when no cost model describes this machine
+    tuner_storage: str | None = None          # an Optuna storage shared with other daemons (None: state_dir's SQLite)
+    tuner_owner: str | None = None            # this daemon's name there (a cluster's replica name)
+    metric_labels: dict[str, str] = field(default_factory=dict)   # on every /metrics sample (replica="...")

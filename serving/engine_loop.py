@@ -33,6 +33,7 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._pending = 0                 # submitted, not yet moved into the engine
+        self._pending_tokens = 0          # ... and their prompt tokens
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -46,6 +47,10 @@ class EngineLoop:
         self._thread.join(timeout)
 
     @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
     def num_waiting(self) -> int:
         return len(self.engine.scheduler.waiting) + self._pending
 
@@ -53,11 +58,22 @@ class EngineLoop:
     def num_unfinished(self) -> int:
         return len(self._sinks) + self._pending
 
+    def token_load(self) -> tuple[int, int]:
+        """(queued, running) tokens: prompt tokens not yet computed of waiting and submitted
+        requests, and the context (prompt + output so far) of running ones. Read from another
+        thread without stopping the loop: tuple() of a deque or list is one step under the GIL, and
+        a count a step behind is good enough for a router."""
+        scheduler = self.engine.scheduler
+        waiting, running = tuple(scheduler.waiting), tuple(scheduler.running)
+        queued = sum(r.num_tokens - r.num_computed_tokens for r in waiting) + self._pending_tokens
+        return queued, sum(r.num_tokens for r in running)
+
     def submit(self, request: Request, sink: Sink) -> None:
         with self._lock:
             if self.num_waiting >= self.max_waiting:
                 raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests); retry later")
             self._pending += 1
+            self._pending_tokens += request.num_prompt_tokens
         self._inbox.put(("add", request, sink))
 
     def abort(self, request_id: str) -> None:
@@ -90,6 +106,7 @@ class EngineLoop:
         if kind == "add":
             with self._lock:
                 self._pending -= 1
+                self._pending_tokens -= payload.num_prompt_tokens
             self._sinks[payload.request_id] = sink
             try:
                 self.engine.enqueue(payload)

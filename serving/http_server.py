@@ -33,14 +33,14 @@ def make_app(state: ServerState, grace_s: float,
     async def lifespan(_: FastAPI):
         state.start_loading()
         yield
-        _drain(state, grace_s)
+        drain(state, grace_s)
 
     app = build_app(state, extra_routes)
     app.router.lifespan_context = lifespan
     return app
 
 
-def _drain(state: ServerState, grace_s: float) -> None:
+def drain(state: ServerState, grace_s: float) -> None:
     """uvicorn has already stopped accepting and waited for open responses; abort what is left."""
     state.draining = True
     loop = state.loop

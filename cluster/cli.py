@@ -1,0 +1,75 @@
+"""`autotuned-serve cluster`: N replicas of the daemon on a Ray cluster behind one OpenAI API.
+
+Registered through the `autotuned_serve.commands` entry point (serving/cli.py), and imports Ray
+only when run, so the command line works without the `cluster` extra installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+MISSING_RAY = "ray is not installed: pip install -e '.[cluster]'"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("cluster", help="run N replicas on Ray Serve behind one OpenAI API, routed by load and "
+                       "prefix affinity (docs/cluster.md; needs the `cluster` extra)")
+    p.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
+    p.add_argument("--config", default=None, help="the daemon's YAML settings for every replica")
+    p.add_argument("--model", default=None, help="a .gguf, an HF directory or a preset (default: the bundled model)")
+    p.add_argument("--host", default="127.0.0.1", help="the ingress's bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="the ingress's port (default 8000)")
+    p.add_argument("--address", default=None, help="a running Ray cluster (e.g. auto); default: start a local one")
+    p.add_argument("--state-dir", default="state/cluster", help="replica NAME keeps its state in STATE_DIR/NAME")
+    p.add_argument("--tuner-storage", default=None, help="Optuna storage all replicas share: journal:PATH "
+                   "(file-locked) or an RDB URL (default: each replica its own SQLite)")
+    p.add_argument("--router", default="affinity", choices=["affinity", "load", "round_robin"],
+                   help="routing policy (default affinity: prefix affinity within a load bound)")
+    p.add_argument("--replica-cpus", type=float, default=1.0, help="Ray CPUs per replica (default 1)")
+    p.add_argument("--replica-gpus", type=float, default=0.0, help="Ray GPUs per replica (1 on a GPU cluster)")
+    p.add_argument("--torch-threads", type=int, default=None, help="torch threads per replica")
+    p.add_argument("--no-tune", dest="tune", action="store_const", const=False, default=None,
+                   help="replicas serve with fixed knobs")
+    p.set_defaults(run_plugin=run)
+
+
+def spec_from_args(args: argparse.Namespace):
+    from cluster.cluster_spec import ClusterSpec
+    from cluster.router import RouterConfig
+
+    settings = {k: v for k, v in (("model", args.model), ("tune", args.tune)) if v is not None}
+    return ClusterSpec(replicas=args.replicas, config=args.config, settings=settings, state_dir=args.state_dir,
+                       tuner_storage=args.tuner_storage, router=RouterConfig(policy=args.router),
+                       replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus,
+                       torch_threads=args.torch_threads)
+
+
+def run(args: argparse.Namespace) -> None:
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise ValueError(MISSING_RAY) from None
+    from cluster.app import cluster_app
+    from serving.http_server import is_loopback
+
+    spec = spec_from_args(args)
+    if not is_loopback(args.host) and not spec.daemon_settings().api_config("").api_key:
+        raise ValueError(f"binding {args.host} (not loopback) needs an API key for the replicas' /admin: set "
+                         "api_key in the config or AUTOTUNED_SERVE_API_KEY")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ray.init(address=args.address, include_dashboard=False)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(cluster_app(spec), name="autotuned-serve", route_prefix="/")
+        print(f"serving {spec.replicas} replicas on http://{args.host}:{args.port} (Ctrl-C stops)", flush=True)
+        stop.wait()
+    finally:
+        serve.shutdown()
+        ray.shutdown()

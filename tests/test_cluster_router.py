@@ -1,0 +1,119 @@
+"""The cluster's router alone (cluster/router.py, cluster/prefix_index.py): no Ray needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.prefix_index import PrefixIndex, prompt_block_keys
+from cluster.router import NoReplicaError, ReplicaLoad, Router, RouterConfig
+from engine.block_manager import BlockManager  # noqa: F401  (the engine imports cleanly beside the router)
+from engine.prefix_cache import PrefixCachingBlockManager
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+
+SYSTEM = list(range(100, 164))          # a 64-token shared prefix: 4 blocks of 16
+
+
+def router(policy: str = "affinity", replicas=("a", "b"), **config) -> Router:
+    r = Router(list(replicas), RouterConfig(policy=policy, **config), block_size=16)
+    for name in replicas:
+        r.update(name, ReplicaLoad(incarnation="1"))
+    return r
+
+
+def keys(tokens: list[int], salt: str | None = None) -> list[bytes]:
+    return prompt_block_keys(tokens, 16, salt)
+
+
+def test_the_router_keys_are_the_engine_prefix_cache_keys():
+    """The router's notion of a prefix is the engine's: same chained keys, salt included."""
+    tokens = SYSTEM + [7] * 20
+    pool = PrefixCachingBlockManager(num_blocks=16, block_size=16)
+    for salt in (None, "tenant-a"):
+        request = Request("r", tokens, SamplingParams(max_tokens=1), 0.0, cache_salt=salt)
+        assert [pool._key(request, i) for i in range(len(tokens) // 16)] == keys(tokens, salt)
+    assert keys(tokens, "tenant-a") != keys(tokens) and len(keys(tokens[:15])) == 0
+
+
+def test_requests_sharing_a_prefix_follow_it_while_others_spread_by_load():
+    r = router()
+    first = r.choose(keys(SYSTEM + [1, 2, 3]), 67)
+    assert first.reason == "load"
+    for tail in range(5):
+        again = r.choose(keys(SYSTEM + [tail] * 16), 80)
+        assert (again.replica, again.reason, again.cached_tokens) == (first.replica, "affinity", 64)
+    other = r.choose(keys(list(range(500, 600))), 100)         # a new prefix goes to the less loaded one
+    assert other.replica != first.replica and other.reason == "load"
+
+
+def test_a_longer_shared_prefix_wins_over_a_shorter_one():
+    r = router()
+    r.choose(keys(SYSTEM[:32]), 32)
+    short = r.choose(keys(SYSTEM[:32]), 32).replica
+    long_ = next(x for x in ("a", "b") if x != short)
+    r.index.insert(long_, keys(SYSTEM))
+    assert r.choose(keys(SYSTEM + [9] * 16), 80).replica == long_
+
+
+def test_load_beats_affinity_past_the_imbalance_bound():
+    r = router(max_imbalance_tokens=1000)
+    home = r.choose(keys(SYSTEM), 64).replica
+    away = "b" if home == "a" else "a"
+    r.update(home, ReplicaLoad(queued_tokens=900, incarnation="1"))
+    assert r.choose(keys(SYSTEM), 64).replica == home          # 964 over the other's 0: within the bound
+    r.update(home, ReplicaLoad(queued_tokens=5000, running_tokens=100, incarnation="1"))
+    decision = r.choose(keys(SYSTEM), 64)
+    assert (decision.replica, decision.reason) == (away, "balance")
+
+
+def test_tokens_sent_count_as_load_until_the_replica_answers():
+    r = router(policy="load")
+    picks = [r.choose([], 100).replica for _ in range(4)]
+    assert sorted(picks) == ["a", "a", "b", "b"]
+    assert r.load_tokens("a") == 200
+    r.update("a", ReplicaLoad(queued_tokens=30, incarnation="1"))
+    assert r.load_tokens("a") == 30
+
+
+def test_unhealthy_replicas_are_skipped_and_none_left_is_an_error():
+    r = router(replicas=("a", "b", "c"))
+    r.mark_unhealthy("b")
+    assert {r.choose([], 1).replica for _ in range(6)} == {"a", "c"}
+    assert r.choose([], 1, exclude={"a"}).replica == "c"
+    r.mark_unhealthy("c")
+    with pytest.raises(NoReplicaError):
+        r.choose([], 1, exclude={"a"})
+    r.update("b", ReplicaLoad(incarnation="1"))                # it answered again
+    assert r.choose([], 1, exclude={"a"}).replica == "b"
+
+
+def test_a_restarted_replica_loses_its_affinity():
+    r = router()
+    home = r.choose(keys(SYSTEM), 64).replica
+    assert r.index.matched_blocks(keys(SYSTEM)) == {home: 4}
+    r.update(home, ReplicaLoad(incarnation="2"))               # Serve started a new process: empty cache
+    assert r.index.matched_blocks(keys(SYSTEM)) == {}
+
+
+def test_round_robin_ignores_prefixes():
+    r = router(policy="round_robin", replicas=("a", "b", "c"))
+    picks = [r.choose(keys(SYSTEM), 64) for _ in range(6)]
+    assert sorted(p.replica for p in picks) == ["a", "a", "b", "b", "c", "c"]
+    assert {p.reason for p in picks} == {"round_robin"}
+
+
+def test_the_index_is_bounded_least_recently_used_first():
+    index = PrefixIndex(capacity=8)
+    old, new = keys(list(range(64))), keys(list(range(1000, 1128)))
+    index.insert("a", old)
+    index.insert("b", new)
+    assert len(index) == 8 and index.matched_blocks(old) == {} and index.matched_blocks(new) == {"b": 8}
+
+
+def test_bad_router_settings_are_refused():
+    with pytest.raises(ValueError, match="policy"):
+        RouterConfig(policy="random")
+    with pytest.raises(ValueError):
+        RouterConfig(load_interval_s=0)
+    with pytest.raises(ValueError):
+        Router([])
