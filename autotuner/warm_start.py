@@ -59,15 +59,23 @@ def slo_token_budget(cost: CostModel, slo: SLO, space: SearchSpace, headroom: fl
     return max(fits, default=int(budget.low))
 
 
-def observed_workload(lengths: list[tuple[int, int]], rate_rps: float, seed: int = 0,
+def observed_workload(lengths: list[tuple[int, ...]], rate_rps: float, seed: int = 0,
                       num_requests: int | None = None) -> list[RequestSpec]:
-    """Poisson arrivals at the observed rate over the horizon, (prompt, output) lengths resampled
-    from finished requests."""
+    """Poisson arrivals at the observed rate over the horizon, (prompt, output[, cached]) lengths
+    resampled from finished requests. A request that found `cached` prompt tokens in the prefix
+    cache starts with that many tokens of one shared prefix, so the simulated cache serves about
+    the hits the live one did (a system prompt exactly; resent conversation histories, which were
+    each their own, as if shared: the hit counts match, not which requests share)."""
     num_requests = horizon_requests(rate_rps) if num_requests is None else num_requests
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(lengths), num_requests)
     arrivals = np.cumsum(rng.exponential(1.0 / rate_rps, num_requests))
-    return [RequestSpec(float(t), lengths[i][0], max(1, lengths[i][1]), "observed") for t, i in zip(arrivals, picks)]
+    return [_observed_spec(float(t), *lengths[i]) for t, i in zip(arrivals, picks)]
+
+
+def _observed_spec(arrival_s: float, prompt: int, output: int, cached: int = 0) -> RequestSpec:
+    return RequestSpec(arrival_s, prompt, max(1, output), "observed", prefix_group="observed" if cached else None,
+                       prefix_tokens=min(cached, prompt))
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,7 @@ class WarmStartJob:
     slo: SLO
     policy: str
     knobs: dict[str, Any]              # the engine's knobs, which the tuned ones replace
-    lengths: list[tuple[int, int]]     # (prompt, output) tokens of recently finished requests
+    lengths: list[tuple[int, int, int]]  # (prompt, output, cached prompt) tokens of recently finished requests
     rate_rps: float
     trials: int
     keep: int
@@ -167,7 +175,7 @@ class SimulatorWarmStart:
         knobs = {k: v for k, v in self.base_knobs().as_dict().items() if k != "version"}
         return WarmStartJob(self.cost(),    # the live daemon's is scaled to the speed of its own recent steps
                             self.space, self.slo, self.policy, knobs,
-                            [(r.num_prompt_tokens, r.num_output_tokens) for r in samples],
+                            [(r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens) for r in samples],
                             observed.arrival_rate_rps, self.trials, self.keep, self.seed)
 
 

@@ -99,3 +99,19 @@ def test_warm_start_search_finds_what_a_grid_search_finds(tmp_path):
     grid_best = max(goodput(base.replace(**point)) for point in grid_points("adaptive"))
     assert goodput(base) < 0.85 * grid_best
     assert goodput(Knobs(**enqueued[0])) >= 0.9 * grid_best     # the search's best, which the controller tries first
+
+
+def test_the_warm_start_simulates_the_prefix_cache_hits_it_observed():
+    """Requests that found most of their prompt cached are simulated with a shared prefix of that
+    length: the simulated prefix cache then serves about the share of prompt tokens the live one did,
+    so a workload of cached prompts is not priced as if every prompt were computed anew."""
+    cost = CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
+    observed = [(600, 40, 512), (540, 30, 512), (620, 50, 512), (80, 20, 0)]     # a 512-token system prompt
+    specs = observed_workload(observed, rate_rps=0.2, num_requests=60)
+    assert {s.prefix_tokens for s in specs} <= {512, 0} and any(s.prefix_group for s in specs)
+    cached = simulate(specs, cost, "deadline", Knobs(), SLO(2.0, 0.25))
+    uncached = simulate(observed_workload([(p, o) for p, o, _ in observed], 0.2, num_requests=60), cost, "deadline",
+                        Knobs(), SLO(2.0, 0.25))
+    hits = sum(r.num_cached_tokens for r in cached.records) / sum(r.num_prompt_tokens for r in cached.records)
+    assert 0.5 < hits < 0.9 and sum(r.num_cached_tokens for r in uncached.records) == 0
+    assert cached.summary.ttft_p50_s < 0.5 * uncached.summary.ttft_p50_s
