@@ -36,7 +36,10 @@ class ClusterSpec:
             raise ValueError("replica_cpus and replica_gpus must be >= 0, max_ongoing_requests >= 1")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError("torch_threads must be at least 1")
-        self.daemon_settings()     # a bad settings file or field fails here, not in every replica
+        unknown = set(self.settings) - {f.name for f in dataclasses.fields(Settings)}
+        if unknown:
+            raise ValueError(f"settings: unknown field {sorted(unknown)[0]!r}")
+        self.daemon_settings()     # a bad settings file or value fails here, not in every replica
 
     @staticmethod
     def from_dict(args: dict[str, Any]) -> ClusterSpec:

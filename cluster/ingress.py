@@ -8,7 +8,7 @@ OpenAI-style error event and `[DONE]`, and a buffered response with a 502. The o
 keep serving meanwhile, and Serve restarts the dead one (its load answers again: healthy).
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: FastAPI must see the handlers' real types (Request)
 
 import asyncio
 import json
@@ -38,6 +38,16 @@ REPLICA_HEADER = "x-autotuned-replica"       # which replica answered (clients, 
 DROPPED_HEADERS = {"content-length", "transfer-encoding", "connection"}
 
 app = FastAPI(title="autotuned-serve cluster", version="0.1.0")
+
+
+# Helpers come before the class: Serve pickles the decorated class as the module stands then.
+def _error(status: int, message: str, type_: str, code: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, code=code), status, headers)
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
 @serve.deployment
@@ -196,11 +206,3 @@ class Ingress:
             self.metrics.on_loads(self.router)
             await asyncio.sleep(config.load_interval_s)
 
-
-def _error(status: int, message: str, type_: str, code: str | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, code=code), status, headers)
-
-
-def _quantile(values: list[float], q: float) -> float | None:
-    return values[min(len(values) - 1, int(q * len(values)))] if values else None

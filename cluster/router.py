@@ -1,7 +1,8 @@
 """Which replica serves a request (pure: no Ray, unit-tested alone).
 
 A replica that caches a prompt's prefix skips computing it, so a request goes to the healthy
-replica holding the longest prefix of its prompt (PrefixIndex; among equals the least loaded),
+replica holding the longest prefix of its prompt (PrefixIndex; among equals the least loaded; a
+match under `min_match_fraction` of the prompt, like a chat template's fixed opening, is ignored),
 unless that replica's load (queued + running tokens from its telemetry, plus what was sent to it
 since) is more than `max_imbalance_tokens` above the least loaded one's: then load wins, so a hot
 prefix cannot pile every request on one replica (SGLang's cache-aware router does the same). A
@@ -43,6 +44,8 @@ class ReplicaLoad:
 class RouterConfig:
     policy: str = "affinity"             # affinity | load (least loaded) | round_robin
     max_imbalance_tokens: int = 4096     # beyond this over the least loaded replica, affinity yields to load
+    min_match_fraction: float = 0.5      # a prefix shorter than this share of the prompt (a chat template's
+                                         # fixed opening, say) is not worth following: load decides
     index_capacity: int = 200_000        # block keys the prefix index remembers
     load_interval_s: float = 0.2         # how often the ingress asks every replica for its load
     load_timeout_s: float = 2.0          # a replica silent this long is unhealthy
@@ -50,8 +53,9 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"router policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        if self.max_imbalance_tokens < 0 or self.index_capacity < 1:
-            raise ValueError("router: max_imbalance_tokens must be >= 0 and index_capacity >= 1")
+        if self.max_imbalance_tokens < 0 or self.index_capacity < 1 or not 0 <= self.min_match_fraction <= 1:
+            raise ValueError("router: max_imbalance_tokens must be >= 0, index_capacity >= 1 and "
+                             "min_match_fraction in [0, 1]")
         if not (self.load_interval_s > 0 and self.load_timeout_s > 0):
             raise ValueError("router: load_interval_s and load_timeout_s must be > 0")
 
@@ -100,7 +104,7 @@ class Router:
         candidates = self._rotated(self.healthy(exclude))
         if not candidates:
             raise NoReplicaError("no healthy replica")
-        decision = self._pick(candidates, keys)
+        decision = self._pick(candidates, keys, cost_tokens)
         self.sent_tokens[decision.replica] += cost_tokens
         if keys:
             self.index.insert(decision.replica, keys)
@@ -112,14 +116,16 @@ class Router:
         start = next(self._turn) % len(candidates)
         return candidates[start:] + candidates[:start]
 
-    def _pick(self, candidates: list[str], keys: Sequence[bytes]) -> Decision:
+    def _pick(self, candidates: list[str], keys: Sequence[bytes], prompt_tokens: int) -> Decision:
         load = {r: self.load_tokens(r) for r in candidates}
         if self.config.policy == "round_robin":
             return Decision(candidates[0], "round_robin", 0, load[candidates[0]])
         least = min(candidates, key=load.__getitem__)     # first of the rotation among equals
         if self.config.policy == "load":
             return Decision(least, "load", 0, load[least])
-        cached = {r: n * self.block_size for r, n in self.index.matched_blocks(keys).items() if r in load}
+        enough = self.config.min_match_fraction * prompt_tokens
+        cached = {r: n * self.block_size for r, n in self.index.matched_blocks(keys).items()
+                  if r in load and n * self.block_size >= enough}
         if not cached:
             return Decision(least, "load", 0, load[least])
         best = max(cached, key=lambda r: (cached[r], -load[r]))

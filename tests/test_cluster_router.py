@@ -95,6 +95,15 @@ def test_a_restarted_replica_loses_its_affinity():
     assert r.index.matched_blocks(keys(SYSTEM)) == {}
 
 
+def test_a_short_common_opening_does_not_herd_requests():
+    """Every chat prompt starts with the template's fixed opening: that alone must not pull all
+    requests to one replica."""
+    r = router()
+    opening = SYSTEM[:16]
+    picks = {r.choose(keys(opening + list(range(1000 + 100 * i, 1100 + 100 * i))), 116).replica for i in range(4)}
+    assert picks == {"a", "b"}
+
+
 def test_round_robin_ignores_prefixes():
     r = router(policy="round_robin", replicas=("a", "b", "c"))
     picks = [r.choose(keys(SYSTEM), 64) for _ in range(6)]
@@ -115,5 +124,7 @@ def test_bad_router_settings_are_refused():
         RouterConfig(policy="random")
     with pytest.raises(ValueError):
         RouterConfig(load_interval_s=0)
+    with pytest.raises(ValueError):
+        RouterConfig(min_match_fraction=1.5)
     with pytest.raises(ValueError):
         Router([])
