@@ -60,3 +60,54 @@ def test_replica_metrics_merge_into_one_valid_exposition():
     assert {(s.labels["replica"], s.value) for s in running} == {("replica-0", 1.0), ("replica-1", 2.0)}
     assert text.count("# TYPE autotuned:num_requests_running gauge") == 1
     assert replicas[0].render() == render(replicas[0].registry.collect())   # no labels: as the single daemon
+
+
+def cluster_series() -> dict[str, set[str]]:
+    """Series names a cluster's /metrics can hold, with their labels: every daemon family with
+    `replica` added, and the router's."""
+    from cluster.router import Decision, Router
+    from cluster.router_metrics import RouterMetrics
+
+    router = RouterMetrics()
+    router.on_decision(Decision("replica-0", "load", 0, 0), 0.001)
+    router.on_loads(Router(["replica-0"]))
+    router.retries.labels("replica-0").inc()
+    router.failed.labels("replica-0").inc()
+    series: dict[str, set[str]] = {}
+    for family in router.registry.collect():
+        for sample in family.samples:
+            series.setdefault(sample.name, set()).update(sample.labels)
+    labels = {"model_name", "replica", "slo_class", "kind", "le", "knob", "metric", "policy", "finished_reason"}
+    for family in PrometheusMetrics("m").registry.collect():   # (test_settings checks each family's own labels)
+        for suffix in ("", "_total", "_bucket", "_sum", "_count"):
+            series[family.name + suffix] = labels
+    return series
+
+
+def test_the_dashboard_cluster_panels_query_a_cluster_series():
+    import json
+    import re
+
+    series = cluster_series()
+    dashboard = json.load(open("configs/grafana-dashboard.json"))
+    panels = [p for p in dashboard["panels"] if p["title"].startswith(("Replicas:", "Router:"))]
+    assert len(panels) >= 6
+    for expr in (t["expr"] for p in panels for t in p["targets"]):
+        for name, selector in re.findall(r"(autotuned:[a-z_]+)(\{[^}]*\})?", expr):
+            assert name in series, expr
+            assert set(re.findall(r"([a-z_]+)\s*[=!]~?", selector)) <= series[name], expr
+        grouped = {label.strip() for group in re.findall(r"by \(([^)]*)\)", expr) for label in group.split(",")}
+        assert grouped <= set().union(*(series[n] for n, _ in re.findall(r"(autotuned:[a-z_]+)(\{[^}]*\})?", expr)))
+
+
+def test_the_shipped_serve_config_builds_a_cluster_spec():
+    import yaml
+
+    config = yaml.safe_load(open("configs/serve-cluster.yaml"))
+    (app,) = config["applications"]
+    assert app["import_path"] == "cluster.app:build"
+    args = app["args"]
+    args["settings"] = {**args["settings"], "device": "cpu", "dtype": "fp32"}    # no GPU here
+    spec = ClusterSpec.from_dict(args)
+    assert spec.replicas == 4 and spec.replica_gpus == 1 and spec.router.max_imbalance_tokens == 8192
+    assert spec.daemon_config("replica-3").state_dir == "/mnt/shared/autotuned/state/replica-3"
