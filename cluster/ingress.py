@@ -60,7 +60,7 @@ class Ingress:
         settings = spec.daemon_settings()
         self.model = spec.served_model_name
         self.router = Router(self.names, spec.router, settings.block_size)
-        self.block_size = settings.block_size
+        self.block_size, self.default_max_tokens = settings.block_size, settings.default_max_tokens
         self.tokenizer = load_prompt_tokenizer(settings.model)
         self.metrics = RouterMetrics()
         self._pollers: list[asyncio.Task] = []
@@ -123,7 +123,8 @@ class Ingress:
         self._start_polling()
         body = await request.body()
         call = HttpCall(request.method, path, request.url.query, list(request.headers.items()), body)
-        key = route_key(path, body, self.tokenizer, self.block_size) if replica is None else NO_KEY
+        key = (route_key(path, body, self.tokenizer, self.block_size, self.default_max_tokens)
+               if replica is None else NO_KEY)
         tried: list[str] = []
         while True:
             decision = await self._choose(key, tried, replica)
@@ -156,7 +157,7 @@ class Ingress:
         deadline = time.monotonic() + self.spec.router.load_timeout_s
         while True:
             try:
-                return self.router.choose(key.block_keys, key.prompt_tokens, exclude=tried)
+                return self.router.choose(key.block_keys, key.prompt_tokens, key.output_tokens, exclude=tried)
             except NoReplicaError:
                 if time.monotonic() > deadline or len(tried) >= len(self.names):
                     return None

@@ -20,21 +20,24 @@ from serving.openai_protocol import ChatCompletionRequest, CompletionRequest
 @dataclass(frozen=True)
 class RouteKey:
     block_keys: list[bytes]
-    prompt_tokens: int         # what the request adds to a replica's queue
+    prompt_tokens: int
+    output_tokens: int         # max_tokens (or the server's default): the most it may generate
 
 
-NO_KEY = RouteKey([], 0)
+NO_KEY = RouteKey([], 0, 0)
 
 
-def route_key(path: str, body: bytes, tokenizer: Tokenizer, block_size: int) -> RouteKey:
+def route_key(path: str, body: bytes, tokenizer: Tokenizer, block_size: int, default_max_tokens: int) -> RouteKey:
     try:
         data = json.loads(body)
         ids = _prompt_ids(path, data, tokenizer)
+        output = data.get("max_tokens") or data.get("max_completion_tokens") or default_max_tokens
+        keys = prompt_block_keys(ids, block_size, data.get("cache_salt")) if ids is not None else None
     except Exception:   # bad JSON, fields or template: the replica it reaches says what is wrong
         return NO_KEY
-    if ids is None:
+    if keys is None or not isinstance(output, int):
         return NO_KEY
-    return RouteKey(prompt_block_keys(ids, block_size, data.get("cache_salt")), len(ids))
+    return RouteKey(keys, len(ids), output)
 
 
 def _prompt_ids(path: str, data: Any, tokenizer: Tokenizer) -> list[int] | None:

@@ -1,14 +1,19 @@
 """Which replica serves a request (pure: no Ray, unit-tested alone).
 
-A replica that caches a prompt's prefix skips computing it, so a request goes to the healthy
-replica holding the longest prefix of its prompt (PrefixIndex; among equals the least loaded; a
-match under `min_match_fraction` of the prompt, like a chat template's fixed opening, is ignored),
-unless that replica's load (queued + running tokens from its telemetry, plus what was sent to it
-since) is more than `max_imbalance_tokens` above the least loaded one's: then load wins, so a hot
-prefix cannot pile every request on one replica (SGLang's cache-aware router does the same). A
-prompt no replica caches goes to the least loaded one; ties go round in turn. Unhealthy replicas
-(load not answered, a failed call) are left out until their telemetry answers again; a replica
-whose incarnation changed (Serve restarted it) starts with an empty cache, so the index forgets it.
+A request costs a replica the tokens it must compute: its prompt, less the prefix the replica
+already caches, and its output. Each healthy replica is scored
+
+    load (tokens of work left, queued + running, from its telemetry, plus what was sent since)
+    + prompt tokens - the prompt tokens it probably caches (PrefixIndex)
+
+and the cheapest wins (ties: in turn, so equal replicas share the work). So a long shared prefix
+(a system prompt, a conversation's history) pulls its requests to where it is cached until that
+replica is busier by more than the prefix is worth; then a second replica computes it once and
+the two share the prefix's traffic by load. Following a prefix is never allowed to pick a replica
+more than `max_imbalance_tokens` busier than the least loaded one (SGLang's router bounds its
+cache-aware choice the same way). Unhealthy replicas (load not answered, a failed call) are left
+out until their telemetry answers again; a replica whose incarnation changed (Serve restarted
+it) starts with an empty cache, so the index forgets it.
 """
 
 from __future__ import annotations
@@ -44,8 +49,6 @@ class ReplicaLoad:
 class RouterConfig:
     policy: str = "affinity"             # affinity | load (least loaded) | round_robin
     max_imbalance_tokens: int = 4096     # beyond this over the least loaded replica, affinity yields to load
-    min_match_fraction: float = 0.5      # a prefix shorter than this share of the prompt (a chat template's
-                                         # fixed opening, say) is not worth following: load decides
     index_capacity: int = 200_000        # block keys the prefix index remembers
     load_interval_s: float = 0.2         # how often the ingress asks every replica for its load
     load_timeout_s: float = 2.0          # a replica silent this long is unhealthy
@@ -53,9 +56,8 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"router policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        if self.max_imbalance_tokens < 0 or self.index_capacity < 1 or not 0 <= self.min_match_fraction <= 1:
-            raise ValueError("router: max_imbalance_tokens must be >= 0, index_capacity >= 1 and "
-                             "min_match_fraction in [0, 1]")
+        if self.max_imbalance_tokens < 0 or self.index_capacity < 1:
+            raise ValueError("router: max_imbalance_tokens must be >= 0 and index_capacity >= 1")
         if not (self.load_interval_s > 0 and self.load_timeout_s > 0):
             raise ValueError("router: load_interval_s and load_timeout_s must be > 0")
 
@@ -98,14 +100,15 @@ class Router:
         return self.loads[replica].tokens + self.sent_tokens[replica]
 
     # -- choosing --
-    def choose(self, keys: Sequence[bytes], cost_tokens: int, exclude: Iterable[str] = ()) -> Decision:
-        """The replica for a prompt with these block keys, costing about `cost_tokens`; records the
-        choice (its load grows by the cost, its index learns the keys)."""
+    def choose(self, keys: Sequence[bytes], prompt_tokens: int, output_tokens: int = 0,
+               exclude: Iterable[str] = ()) -> Decision:
+        """The replica for a prompt with these block keys; records the choice (the replica's load
+        grows by the work sent, the index learns the keys)."""
         candidates = self._rotated(self.healthy(exclude))
         if not candidates:
             raise NoReplicaError("no healthy replica")
-        decision = self._pick(candidates, keys, cost_tokens)
-        self.sent_tokens[decision.replica] += cost_tokens
+        decision = self._pick(candidates, keys, prompt_tokens)
+        self.sent_tokens[decision.replica] += prompt_tokens - decision.cached_tokens + output_tokens
         if keys:
             self.index.insert(decision.replica, keys)
         return decision
@@ -123,12 +126,10 @@ class Router:
         least = min(candidates, key=load.__getitem__)     # first of the rotation among equals
         if self.config.policy == "load":
             return Decision(least, "load", 0, load[least])
-        enough = self.config.min_match_fraction * prompt_tokens
-        cached = {r: n * self.block_size for r, n in self.index.matched_blocks(keys).items()
-                  if r in load and n * self.block_size >= enough}
-        if not cached:
-            return Decision(least, "load", 0, load[least])
-        best = max(cached, key=lambda r: (cached[r], -load[r]))
+        matched = self.index.matched_blocks(keys)
+        usable = max(0, prompt_tokens - 1) // self.block_size   # as the engine: the last token is always computed
+        cached = {r: min(matched.get(r, 0), usable) * self.block_size for r in candidates}
+        best = min(candidates, key=lambda r: load[r] - cached[r])
         if load[best] - load[least] > self.config.max_imbalance_tokens:
-            return Decision(least, "balance", cached.get(least, 0), load[least])
-        return Decision(best, "affinity", cached[best], load[best])
+            return Decision(least, "balance", cached[least], load[least])
+        return Decision(best, "affinity" if cached[best] else "load", cached[best], load[best])

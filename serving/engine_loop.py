@@ -59,21 +59,20 @@ class EngineLoop:
         return len(self._sinks) + self._pending
 
     def token_load(self) -> tuple[int, int]:
-        """(queued, running) tokens: prompt tokens not yet computed of waiting and submitted
-        requests, and the context (prompt + output so far) of running ones. Read from another
-        thread without stopping the loop: tuple() of a deque or list is one step under the GIL, and
-        a count a step behind is good enough for a router."""
+        """(queued, running) tokens of work left: for each waiting (or just submitted) and each
+        running request, its prompt tokens not yet computed plus the output tokens it may still
+        generate (max_tokens). Read from another thread without stopping the loop: tuple() of a
+        deque or list is one step under the GIL, and a count a step behind is good enough for a router."""
         scheduler = self.engine.scheduler
         waiting, running = tuple(scheduler.waiting), tuple(scheduler.running)
-        queued = sum(r.num_tokens - r.num_computed_tokens for r in waiting) + self._pending_tokens
-        return queued, sum(r.num_tokens for r in running)
+        return sum(map(_work_left, waiting)) + self._pending_tokens, sum(map(_work_left, running))
 
     def submit(self, request: Request, sink: Sink) -> None:
         with self._lock:
             if self.num_waiting >= self.max_waiting:
                 raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests); retry later")
             self._pending += 1
-            self._pending_tokens += request.num_prompt_tokens
+            self._pending_tokens += _work_left(request)
         self._inbox.put(("add", request, sink))
 
     def abort(self, request_id: str) -> None:
@@ -106,7 +105,7 @@ class EngineLoop:
         if kind == "add":
             with self._lock:
                 self._pending -= 1
-                self._pending_tokens -= payload.num_prompt_tokens
+                self._pending_tokens -= _work_left(payload)
             self._sinks[payload.request_id] = sink
             try:
                 self.engine.enqueue(payload)
@@ -138,3 +137,8 @@ class EngineLoop:
                 sink(out)
             except Exception:  # a broken consumer must not stop the loop
                 log.exception("delivering output of %s failed", out.request_id)
+
+
+def _work_left(request: Request) -> int:
+    prefill = max(0, request.num_prompt_tokens - request.num_computed_tokens)
+    return prefill + max(0, request.max_tokens - len(request.output_token_ids))

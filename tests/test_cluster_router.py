@@ -12,6 +12,7 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 SYSTEM = list(range(100, 164))          # a 64-token shared prefix: 4 blocks of 16
+LONG = list(range(1000, 1256))          # a 256-token one (a system prompt): 16 blocks
 
 
 def router(policy: str = "affinity", replicas=("a", "b"), **config) -> Router:
@@ -37,40 +38,54 @@ def test_the_router_keys_are_the_engine_prefix_cache_keys():
 
 def test_requests_sharing_a_prefix_follow_it_while_others_spread_by_load():
     r = router()
-    first = r.choose(keys(SYSTEM + [1, 2, 3]), 67)
+    first = r.choose(keys(LONG + [1] * 16), 272)
     assert first.reason == "load"
-    for tail in range(5):
-        again = r.choose(keys(SYSTEM + [tail] * 16), 80)
-        assert (again.replica, again.reason, again.cached_tokens) == (first.replica, "affinity", 64)
+    home = first.replica
+    r.update(home, ReplicaLoad(incarnation="1"))               # it finished: idle again, prefix cached
+    for tail in range(2, 7):                                   # each adds 16 uncached tokens of work at home
+        again = r.choose(keys(LONG + [tail] * 16), 272)
+        assert (again.replica, again.reason, again.cached_tokens) == (home, "affinity", 256)
+    assert r.load_tokens(home) == 5 * 16
     other = r.choose(keys(list(range(500, 600))), 100)         # a new prefix goes to the less loaded one
-    assert other.replica != first.replica and other.reason == "load"
+    assert other.replica != home and other.reason == "load"
 
 
-def test_a_longer_shared_prefix_wins_over_a_shorter_one():
+def test_a_busy_home_hands_the_prefix_to_a_second_replica():
+    """Once waiting at home costs more than recomputing the prefix, another replica computes it;
+    from then on both hold it and share its traffic by load."""
     r = router()
-    r.choose(keys(SYSTEM[:32]), 32)
-    short = r.choose(keys(SYSTEM[:32]), 32).replica
-    long_ = next(x for x in ("a", "b") if x != short)
-    r.index.insert(long_, keys(SYSTEM))
-    assert r.choose(keys(SYSTEM + [9] * 16), 80).replica == long_
+    home = r.choose(keys(SYSTEM + [1] * 16), 80).replica      # 64 cached tokens are worth less than 80 queued
+    second = r.choose(keys(SYSTEM + [2] * 16), 80)
+    assert second.replica != home and second.reason == "load"
+    for name in ("a", "b"):
+        r.update(name, ReplicaLoad(incarnation="1"))
+    picks = [r.choose(keys(SYSTEM + [i] * 16), 80) for i in range(3, 9)]
+    assert {p.replica for p in picks} == {"a", "b"} and {p.reason for p in picks} == {"affinity"}
+
+
+def test_a_longer_cached_prefix_wins_over_a_shorter_one():
+    r = router()
+    r.index.insert("a", keys(SYSTEM[:32]))
+    r.index.insert("b", keys(SYSTEM))
+    decision = r.choose(keys(SYSTEM + [9] * 16), 80)
+    assert (decision.replica, decision.cached_tokens) == ("b", 64)
 
 
 def test_load_beats_affinity_past_the_imbalance_bound():
-    r = router(max_imbalance_tokens=1000)
-    home = r.choose(keys(SYSTEM), 64).replica
-    away = "b" if home == "a" else "a"
-    r.update(home, ReplicaLoad(queued_tokens=900, incarnation="1"))
-    assert r.choose(keys(SYSTEM), 64).replica == home          # 964 over the other's 0: within the bound
-    r.update(home, ReplicaLoad(queued_tokens=5000, running_tokens=100, incarnation="1"))
-    decision = r.choose(keys(SYSTEM), 64)
-    assert (decision.replica, decision.reason) == (away, "balance")
+    r = router(max_imbalance_tokens=100)
+    r.index.insert("a", keys(LONG))
+    r.update("a", ReplicaLoad(queued_tokens=90, incarnation="1"))
+    assert r.choose(keys(LONG), 256).replica == "a"             # 90 busier, 256 cached: worth it, within bound
+    r.update("a", ReplicaLoad(queued_tokens=150, running_tokens=50, incarnation="1"))
+    decision = r.choose(keys(LONG), 256)                        # still cheaper (200 < 256) but past the bound
+    assert (decision.replica, decision.reason) == ("b", "balance")
 
 
 def test_tokens_sent_count_as_load_until_the_replica_answers():
     r = router(policy="load")
-    picks = [r.choose([], 100).replica for _ in range(4)]
+    picks = [r.choose([], 100, output_tokens=20).replica for _ in range(4)]
     assert sorted(picks) == ["a", "a", "b", "b"]
-    assert r.load_tokens("a") == 200
+    assert r.load_tokens("a") == 240
     r.update("a", ReplicaLoad(queued_tokens=30, incarnation="1"))
     assert r.load_tokens("a") == 30
 
@@ -125,6 +140,6 @@ def test_bad_router_settings_are_refused():
     with pytest.raises(ValueError):
         RouterConfig(load_interval_s=0)
     with pytest.raises(ValueError):
-        RouterConfig(min_match_fraction=1.5)
+        RouterConfig(max_imbalance_tokens=-1)
     with pytest.raises(ValueError):
         Router([])
