@@ -86,16 +86,20 @@ def start_app(policy: str, args: argparse.Namespace, state_dir: str, url: str) -
 
 
 def cache_counts(url: str) -> dict[str, dict[str, float]]:
-    """Per replica: prefix-cache queries and hits (tokens) and finished requests, from /metrics."""
+    """Per replica, from the ingress's /metrics: prefix-cache queries and hits (tokens), finished
+    requests, and the router's decisions by reason."""
     counts: dict[str, dict[str, float]] = {}
     wanted = {"autotuned:prefix_cache_queries_total": "queries", "autotuned:prefix_cache_hits_total": "hits",
-              "autotuned:request_success_total": "requests"}
+              "autotuned:request_success_total": "requests", "autotuned:router_decisions_total": "routed"}
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
         name = line.split("{", 1)[0]
         if name in wanted and 'replica="' in line:
             replica = line.split('replica="', 1)[1].split('"', 1)[0]
             entry = counts.setdefault(replica, dict.fromkeys(wanted.values(), 0.0))
-            entry[wanted[name]] += float(line.rsplit(" ", 1)[1])
+            key = wanted[name]
+            if key == "routed":
+                key = "routed_" + line.split('reason="', 1)[1].split('"', 1)[0]
+            entry[key] = entry.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return counts
 
 
@@ -123,6 +127,8 @@ def one_run(workload_name: str, policy: str, args: argparse.Namespace, url: str,
             "ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"],
             "prefix_cache_hit_rate": sum(c["hits"] for c in counts.values()) / queries if queries else None,
             "requests_per_replica": {r: c["requests"] for r, c in sorted(counts.items())},
+            "routed_by_reason": {r: {k.removeprefix("routed_"): v for k, v in c.items() if k.startswith("routed_")}
+                                 for r, c in sorted(counts.items())},
             "router_overhead_p50_ms": 1000 * overhead["p50"], "router_overhead_p99_ms": 1000 * overhead["p99"],
             "router_overhead_samples": overhead["count"], "load_avg_1m_before": load_before}
 
