@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--torch-threads", type=int, default=None, help="torch threads per replica")
     p.add_argument("--no-tune", dest="tune", action="store_const", const=False, default=None,
                    help="replicas serve with fixed knobs")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_const", const=False, default=None,
+                   help="skip the start-up calibration (each replica's ~1 min, in its own state dir; replicas "
+                        "sharing a machine would measure each other)")
     p.set_defaults(run_plugin=run)
 
 
@@ -40,7 +43,8 @@ def spec_from_args(args: argparse.Namespace):
     from cluster.cluster_spec import ClusterSpec
     from cluster.router import RouterConfig
 
-    settings = {k: v for k, v in (("model", args.model), ("tune", args.tune)) if v is not None}
+    flags = (("model", args.model), ("tune", args.tune), ("calibrate", args.calibrate))
+    settings = {k: v for k, v in flags if v is not None}
     return ClusterSpec(replicas=args.replicas, config=args.config, settings=settings, state_dir=args.state_dir,
                        tuner_storage=args.tuner_storage, router=RouterConfig(policy=args.router),
                        replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus,

@@ -111,3 +111,16 @@ def test_the_shipped_serve_config_builds_a_cluster_spec():
     spec = ClusterSpec.from_dict(args)
     assert spec.replicas == 4 and spec.replica_gpus == 1 and spec.router.max_imbalance_tokens == 8192
     assert spec.daemon_config("replica-3").state_dir == "/mnt/shared/autotuned/state/replica-3"
+
+
+def test_the_cluster_flags_make_the_spec():
+    from cluster.cli import spec_from_args
+    from serving.cli import build_parser
+
+    args = build_parser().parse_args(["cluster", "--replicas", "3", "--router", "round_robin", "--no-tune",
+                                      "--no-calibrate", "--tuner-storage", "journal:/tmp/j", "--torch-threads", "1"])
+    spec = spec_from_args(args)
+    assert (spec.replicas, spec.router.policy, spec.tuner_storage, spec.torch_threads) == \
+        (3, "round_robin", "journal:/tmp/j", 1)
+    settings = spec.daemon_settings()
+    assert settings.tune is False and settings.calibrate is False
