@@ -143,3 +143,24 @@ def test_bad_router_settings_are_refused():
         RouterConfig(max_imbalance_tokens=-1)
     with pytest.raises(ValueError):
         Router([])
+
+
+def test_the_ingress_keys_a_request_by_the_prompt_the_replica_will_see():
+    import json
+
+    from cluster.prompt_key import NO_KEY, route_key
+    from engine.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer(300)
+    text = "x" * 40
+    plain = route_key("/v1/completions", json.dumps({"prompt": text, "max_tokens": 7}).encode(), tok, 16, 256)
+    assert (plain.block_keys, plain.prompt_tokens, plain.output_tokens) == (keys(tok.encode(text)), 40, 7)
+    ids = route_key("/v1/completions", json.dumps({"prompt": list(range(3, 40)), "cache_salt": "t"}).encode(),
+                    tok, 16, 256)
+    assert ids.block_keys == keys(list(range(3, 40)), "t") and ids.output_tokens == 256
+    messages = [{"role": "user", "content": text}]
+    chat = route_key("/v1/chat/completions", json.dumps({"messages": messages}).encode(), tok, 16, 256)
+    assert chat.block_keys == keys(tok.apply_chat_template(messages))
+    for bad in (b"{not json", b'{"prompt": 5}', b'{"messages": []}'):      # the replica answers these
+        assert route_key("/v1/completions" if b"prompt" in bad else "/v1/chat/completions", bad, tok, 16,
+                         256) == NO_KEY
