@@ -235,9 +235,15 @@ async def _read_stream(response: httpx.Response, result: RequestResult) -> None:
 
 
 def _brings_tokens(choice: dict[str, Any]) -> bool:
-    """As vLLM's bench: any completions choice; a chat delta only with content (not the role-only first one)."""
+    """As vLLM's bench: a completions choice, unless it is an empty closing one (llama.cpp's server
+    sends the finish reason alone after the last token: counted, it adds a ~0 s gap to every
+    request's TBT); a chat delta only with content (not the role-only first one). A completions
+    chunk with empty text and no finish reason still counts: a token whose text is held back
+    (an incomplete UTF-8 character) arrived."""
     delta = choice.get("delta")
-    return delta is None or bool(delta.get("content") or delta.get("reasoning_content"))
+    if delta is None:
+        return bool(choice.get("text")) or not choice.get("finish_reason")
+    return bool(delta.get("content") or delta.get("reasoning_content"))
 
 
 def _error_message(body: bytes) -> str:

@@ -152,3 +152,15 @@ def test_requests_carry_their_slo_class_to_the_server_and_the_summary(server, ti
     assert by_class["batch"]["slo_attainment"] == 1 and by_class["batch"]["ttft_p50_s"] > 0
     lines = class_lines(run.summary.as_dict())
     assert [line.split(":")[0] for line in lines] == ["batch", "gold", "interactive"]
+
+
+def test_an_empty_closing_chunk_is_not_a_token():
+    """llama.cpp's server ends a completions stream with an empty chunk that only carries the finish
+    reason: counted as a token it would add a ~0 s gap to every request's TBT."""
+    from loadgen.bench_client import _brings_tokens
+
+    assert _brings_tokens({"text": " Paris", "finish_reason": None})
+    assert _brings_tokens({"text": " Paris", "finish_reason": "length"})         # our last token
+    assert _brings_tokens({"text": "", "finish_reason": None})                   # text held back, token came
+    assert not _brings_tokens({"text": "", "finish_reason": "length"})           # llama.cpp's closing chunk
+    assert not _brings_tokens({"delta": {"role": "assistant"}, "finish_reason": None})
