@@ -209,6 +209,7 @@ async def _send_at(client: httpx.AsyncClient, start: float, result: RequestResul
 
 
 async def _read_stream(response: httpx.Response, result: RequestResult) -> None:
+    last_empty_closing = False
     async for line in response.aiter_lines():
         now = time.monotonic()
         if not line.startswith("data:"):
@@ -223,11 +224,13 @@ async def _read_stream(response: httpx.Response, result: RequestResult) -> None:
         for choice in event.get("choices") or []:
             if _brings_tokens(choice):
                 result.chunk_times.append(now)
+                last_empty_closing = _is_empty_closing(choice)
             result.finish_reason = choice.get("finish_reason") or result.finish_reason
         usage = event.get("usage")
         if usage:
             result.output_tokens = usage.get("completion_tokens")
             result.server_prompt_tokens = usage.get("prompt_tokens")
+    _drop_closing_chunk(result, last_empty_closing)
     if result.finish_reason is None:
         result.error = "the stream ended without a finish_reason"
     else:
@@ -235,15 +238,23 @@ async def _read_stream(response: httpx.Response, result: RequestResult) -> None:
 
 
 def _brings_tokens(choice: dict[str, Any]) -> bool:
-    """As vLLM's bench: a completions choice, unless it is an empty closing one (llama.cpp's server
-    sends the finish reason alone after the last token: counted, it adds a ~0 s gap to every
-    request's TBT); a chat delta only with content (not the role-only first one). A completions
-    chunk with empty text and no finish reason still counts: a token whose text is held back
-    (an incomplete UTF-8 character) arrived."""
+    """As vLLM's bench: any completions choice; a chat delta only with content (not the role-only first one)."""
     delta = choice.get("delta")
-    if delta is None:
-        return bool(choice.get("text")) or not choice.get("finish_reason")
-    return bool(delta.get("content") or delta.get("reasoning_content"))
+    return delta is None or bool(delta.get("content") or delta.get("reasoning_content"))
+
+
+def _is_empty_closing(choice: dict[str, Any]) -> bool:
+    """A completions chunk with no text that ends the stream: llama.cpp's server sends the finish
+    reason alone after the last token, while a server whose last token's text was held back (an
+    incomplete UTF-8 character) sends the same shape for a real token; usage tells them apart."""
+    return "delta" not in choice and not choice.get("text") and bool(choice.get("finish_reason"))
+
+
+def _drop_closing_chunk(result: RequestResult, last_empty_closing: bool) -> None:
+    """One chunk more than the usage's tokens, the last an empty closing one: not a token (counted,
+    it gave llama.cpp a ~0 s gap per request in its P99 TBT)."""
+    if last_empty_closing and result.output_tokens is not None and len(result.chunk_times) > result.output_tokens:
+        result.chunk_times.pop()
 
 
 def _error_message(body: bytes) -> str:

@@ -154,13 +154,19 @@ def test_requests_carry_their_slo_class_to_the_server_and_the_summary(server, ti
     assert [line.split(":")[0] for line in lines] == ["batch", "gold", "interactive"]
 
 
-def test_an_empty_closing_chunk_is_not_a_token():
+def test_an_empty_closing_chunk_beyond_the_usage_is_not_a_token():
     """llama.cpp's server ends a completions stream with an empty chunk that only carries the finish
-    reason: counted as a token it would add a ~0 s gap to every request's TBT."""
-    from loadgen.bench_client import _brings_tokens
+    reason (one chunk more than its usage's tokens): counted, it adds a ~0 s gap to every request's
+    TBT. The same shape from a server whose last token's text was held back is a token, and stays."""
+    from loadgen.bench_client import RequestResult, _drop_closing_chunk, _is_empty_closing
+    from loadgen.workload import RequestSpec
 
-    assert _brings_tokens({"text": " Paris", "finish_reason": None})
-    assert _brings_tokens({"text": " Paris", "finish_reason": "length"})         # our last token
-    assert _brings_tokens({"text": "", "finish_reason": None})                   # text held back, token came
-    assert not _brings_tokens({"text": "", "finish_reason": "length"})           # llama.cpp's closing chunk
-    assert not _brings_tokens({"delta": {"role": "assistant"}, "finish_reason": None})
+    assert _is_empty_closing({"text": "", "finish_reason": "length"})
+    assert not _is_empty_closing({"text": " Paris", "finish_reason": "length"})
+    assert not _is_empty_closing({"text": "", "finish_reason": None})
+    spec = RequestSpec(0.0, 4, 2, "chat")
+    llama = RequestResult(0, spec, chunk_times=[1.0, 2.0, 2.001], output_tokens=2)
+    _drop_closing_chunk(llama, True)
+    ours = RequestResult(0, spec, chunk_times=[1.0, 2.0], output_tokens=2)
+    _drop_closing_chunk(ours, True)
+    assert llama.chunk_times == [1.0, 2.0] and ours.chunk_times == [1.0, 2.0]
