@@ -34,7 +34,6 @@ import gc
 import pathlib
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -43,7 +42,7 @@ import torch
 from bench_common import MachineInfo, add_contention_args, build_prompts, emit_summary, retry_contended
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.llm_engine import release_freed_memory
-from engine.quantized_linear import QuantizedLinear
+from engine.quantized_linear import QuantizedLinear, best_time
 from policies import Knobs
 from step_time import StepStats, measure_decode, measure_prefill
 
@@ -102,19 +101,9 @@ def parse_args() -> argparse.Namespace:
 def measure_bandwidth(mb: int, repeats: int = 5) -> Bandwidth:
     src = torch.ones(mb * 2**20 // 4)
     dst = torch.empty_like(src)
-    copy_s = _best(lambda: dst.copy_(src), repeats)
-    read_s = _best(lambda: src.sum(), repeats)
+    copy_s = best_time(lambda: dst.copy_(src), repeats)
+    read_s = best_time(lambda: src.sum(), repeats)
     return Bandwidth(2 * src.nbytes / copy_s / 1e9, src.nbytes / read_s / 1e9)
-
-
-def _best(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def streamed_weight_bytes(model: torch.nn.Module) -> int:

@@ -293,15 +293,16 @@ def measure_crossover(linear: QuantizedLinear, candidates: tuple[int, ...] = (1,
     best = 0
     for n in candidates:
         x = torch.randn(n, linear.in_features)
-        quantized_s[n] = _best_time(lambda: linear.quantized(x), repeats)
-        dense_s[n] = _best_time(lambda: linear.dense(x), repeats)
+        quantized_s[n] = best_time(lambda: linear.quantized(x), repeats)
+        dense_s[n] = best_time(lambda: linear.dense(x), repeats)
         if quantized_s[n] > dense_s[n]:
             break
         best = n
     return Crossover(best, quantized_s, dense_s)
 
 
-def _best_time(fn, repeats: int) -> float:
+def best_time(fn, repeats: int) -> float:
+    """Fastest of `repeats` timed calls after an untimed one (a busy core shows less in the best)."""
     fn()
     times = []
     for _ in range(repeats):
