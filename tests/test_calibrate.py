@@ -94,7 +94,8 @@ def test_a_quantized_engine_is_calibrated_per_path_and_matched_by_weights(q8_ggu
     assert_no_kv_leak(engine)
 
     meta = calibrate_module.engine_meta(engine)
-    CostModel((0.5,) + (0.0,) * 6, **(meta | {"weights": "dense", "kernel_max_rows": 0})).save(
+    fake = (0.5,) + (0.0,) * 6
+    CostModel(fake, kernel_coefficients=fake, **(meta | {"weights": "dense"})).save(   # all but the weights match
         tmp_path / "cost_models" / "dense.json")
     dense_only = startup_cost_model.choose_cost_model(engine, str(tmp_path), calibrate_at_start=False)
     assert not dense_only.describes_machine
