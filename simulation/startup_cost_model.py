@@ -69,7 +69,7 @@ def _same_crossover(engine: LLMEngine, model: CostModel) -> bool:
 def _adopt_crossover(engine: LLMEngine, model: CostModel) -> None:
     """Run steps on the path the model prices them on: the calibration's crossover, measured over the
     whole model, replaces the start-up's quick one, which moves with the machine's load."""
-    if model.weights == "quantized" and model.kernel_max_rows != engine.runner.quantized_max_rows:
+    if model.kernel_max_rows != engine.runner.quantized_max_rows:     # dense: both 0
         log.info("quantized kernels for steps of up to %d rows, as calibrated (start-up measure: %d)",
                  model.kernel_max_rows, engine.runner.quantized_max_rows)
         engine.runner.set_quantized_max_rows(model.kernel_max_rows)
