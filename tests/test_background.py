@@ -113,9 +113,10 @@ def test_controller_goes_on_when_the_background_warm_start_fails(tmp_path):
     warm = SimulatorWarmStart(lambda: COST, load_search_space(), SLO_, "adaptive", target.knobs,
                               lambda s: target.telemetry.recent_requests(s, now=sim.now), 4, 3,
                               runner=lambda j: jobs.append(j) or runner.run(fail, j, fallback=[]))
-    controller = Controller(target, load_search_space(), TunerState(tmp_path), SLO_, settings, warm)
+    controller = Controller(target, load_search_space(), TunerState(tmp_path, seed=0), SLO_, settings, warm)
     sim.submit(generate(load_workload("chat"), qps=1.0, duration_s=400, seed=3))
     while controller.windows < 2:
+        assert sim.now < 400, "two windows did not end while traffic lasted"
         controller.step()
     assert controller.regime is not None and len(jobs) == 1
     assert not [t for t in controller.study.trials if t.user_attrs.get("source") == "warm-start"]

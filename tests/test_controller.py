@@ -37,7 +37,16 @@ def cost():
 def sim_controller(cost, tmp_path, knobs: Knobs, target_class=SimulatedTarget):
     sim = make_simulator(cost, "adaptive", knobs, SLO_)
     target = target_class(sim, TelemetryWindow(SLO_, clock=lambda: sim.now))
-    return sim, target, Controller(target, load_search_space(), TunerState(tmp_path), SLO_, settings(), None)
+    # seeded: with an unseeded sampler some runs drew no feasible trial before the traffic ended
+    return sim, target, Controller(target, load_search_space(), TunerState(tmp_path, seed=0), SLO_, settings(), None)
+
+
+def step_until_a_feasible_configuration(controller: Controller, sim, traffic_end_s: float) -> None:
+    """Windows until one measured configuration met the SLO; bounded by the traffic, since after
+    it every window is empty and the loop would never end."""
+    while controller.study is None or best_configuration(controller._completed(), controller.space) is None:
+        assert sim.now < traffic_end_s, "no feasible configuration was measured while traffic lasted"
+        controller.step()
 
 
 def settings(**overrides) -> ControllerSettings:
@@ -93,8 +102,7 @@ def test_bad_trial_is_rolled_back_within_one_window(cost, tmp_path):
     specs = generate(parse_workload("long-prompts", LONG_PROMPTS), duration_s=1500, seed=5)
     sim, target, controller = sim_controller(cost, tmp_path, Knobs(token_budget=128))
     sim.submit(specs)
-    while controller.study is None or best_configuration(controller._completed(), controller.space) is None:
-        controller.step()
+    step_until_a_feasible_configuration(controller, sim, specs[-1].arrival_s)
     incumbent = controller.incumbent()
     bad = {"token_budget": 2048, "prefill_priority": 1.0, "max_num_seqs": 256, "kv_admission_watermark": 0.0}
     controller.study.enqueue_trial(bad, user_attrs={"source": "recheck"})   # queued trials skip the trust region
@@ -137,8 +145,7 @@ def test_controller_failure_leaves_serving_and_last_good_knobs(cost, tmp_path, c
     records = []
     sim.finish_listeners.append(records.append)
     sim.submit(specs)
-    while controller.study is None or best_configuration(controller._completed(), controller.space) is None:
-        controller.step()                           # a regime, and a measured feasible configuration
+    step_until_a_feasible_configuration(controller, sim, specs[-1].arrival_s)
     last_good = controller.last_good
     trial_budget = 64 if last_good.token_budget != 64 else 128
     controller.study.enqueue_trial(controller.incumbent() | {"token_budget": trial_budget},

@@ -80,11 +80,12 @@ def test_warm_start_search_finds_what_a_grid_search_finds(tmp_path):
                               lambda s: telemetry.recent_requests(s, now=sim.now), trials=30, keep=3,
                               runner=lambda job: jobs.append(job) or search(job))
     settings = ControllerSettings.load(policy="adaptive", warm_start_trials=30, warm_start_enqueue=3)
-    controller = Controller(target, space, TunerState(tmp_path), slo, settings, warm)
+    controller = Controller(target, space, TunerState(tmp_path, seed=0), slo, settings, warm)
     enqueued: list[dict] = []
     controller.listeners.append(lambda d: d["action"] == "warm-start" and enqueued.append(d["knobs"]))
     sim.submit(generate(load_workload("chat"), qps=1.1, duration_s=120, seed=3))
     while controller.study is None:
+        assert sim.now < 120, "no regime was entered while traffic lasted"
         controller.step()
     assert len(jobs) == 1 and len(enqueued) == 3
     assert [t.user_attrs["source"] for t in controller.study.trials] == ["warm-start"] * 3   # the first one ran
