@@ -13,6 +13,8 @@ import os
 import sys
 import tempfile
 
+import yaml
+
 from bench_common import MachineInfo, emit_summary
 from tuning_shift import start_daemon, stop_daemon
 from loadgen.bench_client import BenchOptions, make_prompts, run_bench
@@ -27,7 +29,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--qps", type=float, default=0.3)
     p.add_argument("--num-requests", type=int, default=60)
     p.add_argument("--configs", nargs="+", default=["deadline", "sarathi-32"],
-                   help="deadline, or sarathi-N for a plain token budget of N")
+                   help="deadline, or sarathi-N for a plain token budget of N; knobs after a colon, "
+                        "comma-separated (deadline:step_headroom=0.8,error_budget=1.0)")
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
     p.add_argument("--slo-tbt-s", type=float, default=0.25)
     p.add_argument("--port", type=int, default=8013)
@@ -37,11 +40,14 @@ def parse_args() -> argparse.Namespace:
 
 
 def settings_for(name: str, slo: SLO, port: int, state_dir: str) -> dict:
+    """`deadline` or `sarathi-N`, then optional knobs after a colon: `deadline:step_headroom=0.8`."""
     common = {"port": port, "state_dir": state_dir, "tune": False, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s}}
+    name, _, overrides = name.partition(":")
+    extra = {k: yaml.safe_load(v) for k, _, v in (pair.partition("=") for pair in overrides.split(",") if pair)}
     if name == "deadline":
-        return common | {"policy": "deadline", "knobs": {"token_budget": 2048}}
+        return common | {"policy": "deadline", "knobs": {"token_budget": 2048} | extra}
     policy, _, budget = name.partition("-")
-    return common | {"policy": policy, "knobs": {"token_budget": int(budget)}}
+    return common | {"policy": policy, "knobs": {"token_budget": int(budget)} | extra}
 
 
 def run_one(name: str, specs, prompts, slo: SLO, args: argparse.Namespace) -> dict:
@@ -55,7 +61,7 @@ def run_one(name: str, specs, prompts, slo: SLO, args: argparse.Namespace) -> di
         stop_daemon(proc)
     result = {"ttft_p50_s": summary.ttft_p50_s, "tbt_p99_s": summary.tbt_p99_s, "tbt_p50_s": summary.tbt_p50_s,
               "goodput_rps": summary.goodput_rps, "slo_attainment": summary.slo_attainment,
-              "failed": summary.num_failed,
+              "failed": summary.num_failed, "by_class": summary.by_class,
               "meets_capacity_criterion": bool(summary.ttft_p50_s is not None and summary.ttft_p50_s <= slo.ttft_s
                                                and summary.tbt_p99_s is not None and summary.tbt_p99_s <= slo.tbt_s)}
     print(f"{name}: {result}", file=sys.stderr)

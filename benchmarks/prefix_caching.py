@@ -14,16 +14,25 @@
    per step that caching adds, next to the live step time (what a step costs on top of this).
 3. Simulated capacity (the live daemon would need hours of probes on 2 cores): the largest rate
    with P50 TTFT <= 2 s and P99 TBT <= 0.25 s, by the capacity search over the simulator of the
-   real scheduler and block pool with the shipped cost model, caching on and off.
+   real scheduler and block pool with the engine's cost model, caching on and off.
+4. Live bracket, two probes instead of a search: caching off at `--bracket-qps` / 1.5 and on at
+   `--bracket-qps`, each with the capacity criterion above. Off failing and on passing proves the
+   live capacity ratio is at least 1.5x (off's capacity is below the lower rate, on's at least the
+   higher one); any other outcome says it was not shown.
+
+Steps are priced, as in the daemon, by the cost model that describes this engine (its weights path
+included: the GGUF's quantized weights by default) and run with that calibration's crossover.
 
     .venv/bin/python benchmarks/prefix_caching.py --json docs/prefix_caching.json
     .venv/bin/python benchmarks/prefix_caching.py --sections bookkeeping
+    .venv/bin/python benchmarks/prefix_caching.py --sections bracket --workloads chat-system-prompt --bracket-qps 0.3
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections import defaultdict
 
@@ -37,7 +46,9 @@ from loadgen.workload import RequestSpec, generate, load_workload
 from policies import Knobs
 from simulation.cost_model import CostModel
 from simulation.cost_model_files import SHIPPED_COST_MODEL
+from simulation.live_cost_model import LiveCostModel
 from simulation.simulator import Simulator
+from simulation.startup_cost_model import choose_cost_model
 from telemetry.latency_summary import summarize_requests
 from telemetry.window import SLO
 
@@ -51,17 +62,27 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=24, help="live requests per workload and engine")
     p.add_argument("--capacity-requests", type=int, default=300, help="simulated requests per capacity probe")
     p.add_argument("--sections", nargs="+", default=["capacity", "bookkeeping", "live"],
-                   choices=["capacity", "bookkeeping", "live"])
+                   choices=["capacity", "bookkeeping", "live", "bracket"])
+    p.add_argument("--bracket-qps", type=float, default=0.3,
+                   help="the bracket's rate with caching on; off runs at a third less (default 0.3 req/s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     return p.parse_args()
 
 
-def make_engine(caching: bool, cost: CostModel) -> LLMEngine:
-    engine = LLMEngine(EngineConfig(dtype="fp32", policy=POLICY, knobs=KNOBS, enable_prefix_caching=caching))
-    engine.scheduler.cost = cost                  # as the simulator does: the deadline policy prices steps
-    engine.scheduler.arrival_guard_s = shipped_slo_classes().arrival_guard_s()
-    return engine
+def make_engines() -> tuple[dict[bool, LLMEngine], CostModel]:
+    """Caching on and off, each pricing its steps with the cost model the daemon would choose for it
+    (no calibration at start: the shipped one that describes this engine, else the dense fit)."""
+    engines = {caching: LLMEngine(EngineConfig(dtype="fp32", policy=POLICY, knobs=KNOBS,
+                                               enable_prefix_caching=caching)) for caching in (True, False)}
+    with tempfile.TemporaryDirectory() as state_dir:
+        choices = {caching: choose_cost_model(e, state_dir, calibrate_at_start=False) for caching, e in engines.items()}
+    for caching, engine in engines.items():
+        # as the daemon: the deadline policy prices steps with it, kept to the live machine's speed
+        LiveCostModel(choices[caching].model, choices[caching].source).attach(engine)
+        engine.scheduler.arrival_guard_s = shipped_slo_classes().arrival_guard_s()
+    print(f"cost model: {choices[True].source}", flush=True)
+    return engines, choices[True].model
 
 
 def replay(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list[int]]
@@ -104,12 +125,15 @@ def matched_decode_ratio(on: list[StepRecord], off: list[StepRecord]) -> dict:
             "on_over_off": on_mean / off_mean if off_mean else None}
 
 
-def live(args: argparse.Namespace, cost: CostModel) -> list[dict]:
-    engines = {caching: make_engine(caching, cost) for caching in (True, False)}
-    source = PromptSource(engines[True].tokenizer, args.seed)
+def warm_up(engines: dict[bool, LLMEngine], source: PromptSource) -> None:
     warm = [RequestSpec(0.0, 64, 8, "warm-up")] * 4
     for engine in engines.values():
         replay(engine, warm, [source.token_ids(64) for _ in warm])
+
+
+def live(args: argparse.Namespace, engines: dict[bool, LLMEngine]) -> list[dict]:
+    source = PromptSource(engines[True].tokenizer, args.seed)
+    warm_up(engines, source)
     rows = []
     for name in args.workloads:
         specs = generate(load_workload(name), qps=args.qps, num_requests=args.num_requests, seed=args.seed)
@@ -136,6 +160,32 @@ def print_live(row: dict) -> None:
           f"on/off {ratio} over {d['steps_compared']} steps; schedule {1e3 * on['schedule_time_mean_s']:.2f} vs "
           f"{1e3 * off['schedule_time_mean_s']:.2f} ms/step; other CPU load {on['other_cpu_share']:.2f}/"
           f"{off['other_cpu_share']:.2f}", flush=True)
+
+
+def bracket(args: argparse.Namespace, engines: dict[bool, LLMEngine]) -> list[dict]:
+    source = PromptSource(engines[True].tokenizer, args.seed)
+    warm_up(engines, source)
+    criteria, rows = CapacityCriteria(), []
+    for name in args.workloads:
+        row: dict = {"workload": name}
+        for caching, qps in ((False, args.bracket_qps / 1.5), (True, args.bracket_qps)):
+            specs = generate(load_workload(name), qps=qps, num_requests=args.num_requests, seed=args.seed)
+            prompts = [source.prompt_ids(s.prompt_tokens, s.prefix_group, s.prefix_tokens) for s in specs]
+            other = OtherLoad()
+            records, steps = replay(engines[caching], specs, prompts)
+            span = max(r.finished for r in records) - min(r.arrival for r in records)
+            summary = summarize_requests(records, SLO(), span).as_dict()
+            row["on" if caching else "off"] = {"qps": qps, "meets_slo": criteria.passes(summary),
+                                               **live_row(records, steps, other.share())}
+        row["capacity_ratio_at_least_1_5"] = row["on"]["meets_slo"] and not row["off"]["meets_slo"]
+        on, off = row["on"], row["off"]
+        print(f"{name}: off at {off['qps']:.3f} req/s {'meets' if off['meets_slo'] else 'misses'} the SLO "
+              f"(TTFT P50 {off['ttft_p50_s']:.2f} s, TBT P99 {off['tbt_p99_s']:.3f} s); on at {on['qps']:.3f} "
+              f"{'meets' if on['meets_slo'] else 'misses'} it (TTFT P50 {on['ttft_p50_s']:.2f} s, TBT P99 "
+              f"{on['tbt_p99_s']:.3f} s); capacity on/off >= 1.5x shown: {row['capacity_ratio_at_least_1_5']}",
+              flush=True)
+        rows.append(row)
+    return rows
 
 
 def simulated_capacity(name: str, caching: bool, cost: CostModel, n: int, seed: int) -> dict:
@@ -218,12 +268,14 @@ def _bookkeeping_run(specs: list[RequestSpec], prompts: list[list[int]], caching
 
 def main() -> None:
     args = parse_args()
-    cost = CostModel.load(SHIPPED_COST_MODEL)
+    engines, cost = make_engines()
     summary = {"machine": MachineInfo.collect().as_dict(), "policy": POLICY, "token_budget": KNOBS.token_budget,
+               "cost_model": {"weights": cost.weights, "kernel_max_rows": cost.kernel_max_rows},
                "qps": args.qps, "num_requests": args.num_requests, "seed": args.seed,
                "capacity": capacity(args, cost) if "capacity" in args.sections else None,
                "bookkeeping": bookkeeping(args.seed) if "bookkeeping" in args.sections else None,
-               "live": live(args, cost) if "live" in args.sections else None}
+               "live": live(args, engines) if "live" in args.sections else None,
+               "bracket": bracket(args, engines) if "bracket" in args.sections else None}
     emit_summary(summary, args.json)
 
 

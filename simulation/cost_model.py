@@ -103,11 +103,17 @@ class CostModel:
         return (self.model, self.dtype, self.device.split(":")[0], self.fingerprint, self.weights) == (
             model, dtype, device.split(":")[0], fingerprint, weights)
 
-    def scaled(self, factor: float) -> CostModel:
-        """Every prediction times `factor` (the model is linear in its coefficients)."""
+    def scaled(self, factor: float, kernel_factor: float | None = None) -> CostModel:
+        """Every prediction times `factor` (the model is linear in its coefficients); steps on the
+        quantized kernels times `kernel_factor` instead where given (each path drifts on its own)."""
+        kernel_factor = factor if kernel_factor is None else kernel_factor
         return replace(self, coefficients=tuple(c * factor for c in self.coefficients),
-                       kernel_coefficients=tuple(c * factor for c in self.kernel_coefficients),
-                       notes=self.notes | {"speed_factor": f"{factor:.3f}"})
+                       kernel_coefficients=tuple(c * kernel_factor for c in self.kernel_coefficients),
+                       notes=self.notes | {"speed_factor": f"{factor:.3f}", "kernel_speed_factor": f"{kernel_factor:.3f}"})
+
+    def on_kernel_path(self, tokens: int) -> bool:
+        """Whether a step of this many tokens runs on the quantized kernels (else dense)."""
+        return 0 < tokens <= self.kernel_max_rows
 
     def mape(self, shapes: list[StepShape], seconds: list[float]) -> float:
         predicted = np.array([self.predict(s) for s in shapes])

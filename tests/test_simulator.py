@@ -238,6 +238,53 @@ def test_live_cost_model_keeps_the_schedulers_copy_to_the_live_speed():
     assert engine.scheduler.cost.predict(shape) == pytest.approx(0.5 * base.predict(shape))
 
 
+def test_each_weights_path_follows_its_own_live_speed():
+    """A quantized engine: steps on the kernels at 0.9x their prediction, larger dense steps at 1.3x.
+    Each path's prices follow its own steps; one median over all (mostly kernel steps) would leave
+    the dense steps, which the deadline policy sizes prefill chunks with, 40% under-priced."""
+    from simulation.live_cost_model import MIN_LIVE_STEPS, LiveCostModel
+    from engine.outputs import StepRecord
+
+    base = CostModel.load(SHIPPED_COST_MODEL.parent / "smollm2-135m-instruct-fp32-quantized-cpu.json")
+    assert base.kernel_max_rows >= 4
+    online = LiveCostModel(base)
+    decode, mixed = StepShape(0, 4, 4, 800, 800, 4), StepShape(60, 4, 4, 900, 2600, 5)
+    for i in range(MIN_LIVE_STEPS):
+        shape, factor = (mixed, 1.3) if i % 4 == 0 else (decode, 0.9)
+        online.on_step(StepRecord(i, float(i), factor * base.predict(shape), shape.num_prefill_tokens,
+                                  shape.num_decode_tokens, 1, 5, 0, 0, 0.1, shape.context_tokens,
+                                  shape.attended_pairs, shape.num_sampled, 0.0, 0.0, 0.0, 0.0, "deadline", 0))
+    now = online.current()
+    assert now.predict(decode) == pytest.approx(0.9 * base.predict(decode))
+    assert now.predict(mixed) == pytest.approx(1.3 * base.predict(mixed))
+    assert online.describe()["dense_speed_factor"] == pytest.approx(1.3)
+
+
+def test_the_scheduler_prices_deadlines_at_the_upper_tail_of_live_step_times():
+    """Live steps scattered 0.8x-1.6x around the model: the tuner's copy takes the median, the
+    scheduler's (which sizes each step to a slack) the 90th percentile, so few steps overrun it."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from simulation.live_cost_model import DEADLINE_QUANTILE, MIN_LIVE_STEPS, REFRESH_EVERY_STEPS, LiveCostModel
+    from engine.outputs import StepRecord
+
+    base = CostModel.load(SHIPPED_COST_MODEL)
+    engine = SimpleNamespace(scheduler=SimpleNamespace(cost=None), step_listeners=[],
+                             block_manager=SimpleNamespace(num_blocks=base.kv_blocks, block_size=base.block_size))
+    live = LiveCostModel(base).attach(engine)
+    shape = StepShape(32, 4, 5, 2000, 3000, 5)
+    factors = np.linspace(0.8, 1.6, max(MIN_LIVE_STEPS, REFRESH_EVERY_STEPS) + 1)
+    for i, factor in enumerate(np.random.default_rng(0).permutation(factors)):
+        for listener in engine.step_listeners:
+            listener(StepRecord(i, float(i), factor * base.predict(shape), 32, 4, 1, 5, 0, 0, 0.1, 2000, 3000, 5,
+                                0.0, 0.0, 0.0, 0.0, "deadline", 0))
+    assert live.current().predict(shape) == pytest.approx(np.median(factors) * base.predict(shape))
+    assert engine.scheduler.cost.predict(shape) == pytest.approx(
+        np.quantile(factors, DEADLINE_QUANTILE) * base.predict(shape))
+
+
 def test_simulate_command_runs_a_duration(capsys):
     """--duration: every arrival in that many simulated seconds (the phases split them by share)."""
     assert main(["simulate", "--profile", "h100-llama3.1-8b", "--workload", "shift-gpu", "--qps", "0.5",
