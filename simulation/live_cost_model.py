@@ -7,10 +7,10 @@ so a refit on them extrapolates to other budgets wildly (measured on the real da
 budget-32 steps made the warm start propose 1888).
 
 A quantized engine runs small steps on its own kernels and larger ones dense, and the two paths
-drift apart: measured on the real daemon (docs/deadline.md), decode steps on the kernels ran at
-0.96x their prediction while mixed steps on the dense path ran at 1.13x, so one median over all
-steps (nearly all decodes) left every deadline-sized prefill step ~13% over its target. Each path
-gets its own ratio once it has MIN_PATH_STEPS of the recent steps; until then, the overall one."""
+drift apart: measured on the bundled model (docs/deadline.md, "Real daemon"), decode steps on the
+kernels ran at 1.08x their prediction and mixed steps on the dense path at 1.28x, so one median over
+all steps (nearly all decodes) priced every deadline-sized prefill step 15-20% low. Each path gets
+its own ratio once it has MIN_PATH_STEPS of the recent steps; until then, the overall one."""
 
 from __future__ import annotations
 
