@@ -25,7 +25,7 @@ included: the GGUF's quantized weights by default) and run with that calibration
 
     .venv/bin/python benchmarks/prefix_caching.py --json docs/prefix_caching.json
     .venv/bin/python benchmarks/prefix_caching.py --sections bookkeeping
-    .venv/bin/python benchmarks/prefix_caching.py --sections bracket --workloads chat-system-prompt --bracket-qps 0.3
+    .venv/bin/python benchmarks/prefix_caching.py --sections bracket --workloads chat-system-prompt --bracket-qps 0.24
 """
 
 from __future__ import annotations
