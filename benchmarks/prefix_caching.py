@@ -105,7 +105,8 @@ def live_row(records: list[RequestRecord], steps: list[StepRecord], other: float
     summary = summarize_requests(records, SLO(), span).as_dict()
     queries = sum(s.prefix_cache_queries for s in steps)
     return {"ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"],
-            "tbt_p99_s": summary["tbt_p99_s"], "num_finished": summary["num_finished"],
+            "tbt_p99_s": summary["tbt_p99_s"], "num_requests": summary["num_requests"],
+            "num_finished": summary["num_finished"],
             "hit_rate": sum(s.prefix_cache_hits for s in steps) / queries if queries else None,
             "prompt_tokens": sum(r.num_prompt_tokens for r in records),
             "prefill_tokens_computed": sum(s.num_prefill_tokens for s in steps),
@@ -131,13 +132,19 @@ def warm_up(engines: dict[bool, LLMEngine], source: PromptSource) -> None:
         replay(engine, warm, [source.token_ids(64) for _ in warm])
 
 
+def workload_requests(name: str, qps: float, args: argparse.Namespace, source: PromptSource
+                      ) -> tuple[list[RequestSpec], list[list[int]]]:
+    """The workload's seeded requests and their prompt token ids (a prefix group's shared the same)."""
+    specs = generate(load_workload(name), qps=qps, num_requests=args.num_requests, seed=args.seed)
+    return specs, [source.prompt_ids(s.prompt_tokens, s.prefix_group, s.prefix_tokens) for s in specs]
+
+
 def live(args: argparse.Namespace, engines: dict[bool, LLMEngine]) -> list[dict]:
     source = PromptSource(engines[True].tokenizer, args.seed)
     warm_up(engines, source)
     rows = []
     for name in args.workloads:
-        specs = generate(load_workload(name), qps=args.qps, num_requests=args.num_requests, seed=args.seed)
-        prompts = [source.prompt_ids(s.prompt_tokens, s.prefix_group, s.prefix_tokens) for s in specs]
+        specs, prompts = workload_requests(name, args.qps, args, source)
         row: dict = {"workload": name}
         steps = {}
         for caching in (False, True):
@@ -169,14 +176,11 @@ def bracket(args: argparse.Namespace, engines: dict[bool, LLMEngine]) -> list[di
     for name in args.workloads:
         row: dict = {"workload": name}
         for caching, qps in ((False, args.bracket_qps / 1.5), (True, args.bracket_qps)):
-            specs = generate(load_workload(name), qps=qps, num_requests=args.num_requests, seed=args.seed)
-            prompts = [source.prompt_ids(s.prompt_tokens, s.prefix_group, s.prefix_tokens) for s in specs]
+            specs, prompts = workload_requests(name, qps, args, source)
             other = OtherLoad()
             records, steps = replay(engines[caching], specs, prompts)
-            span = max(r.finished for r in records) - min(r.arrival for r in records)
-            summary = summarize_requests(records, SLO(), span).as_dict()
-            row["on" if caching else "off"] = {"qps": qps, "meets_slo": criteria.passes(summary),
-                                               **live_row(records, steps, other.share())}
+            stats = live_row(records, steps, other.share())
+            row["on" if caching else "off"] = {"qps": qps, "meets_slo": criteria.passes(stats), **stats}
         row["capacity_ratio_at_least_1_5"] = row["on"]["meets_slo"] and not row["off"]["meets_slo"]
         on, off = row["on"], row["off"]
         print(f"{name}: off at {off['qps']:.3f} req/s {'meets' if off['meets_slo'] else 'misses'} the SLO "

@@ -92,7 +92,7 @@ class CostModel:
 
     def predict_counts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int, seqs: int) -> float:
         """`predict` without building a StepShape: the simulator's per-step hot path."""
-        tokens = prefill + decode
+        tokens = prefill + decode     # on_kernel_path(tokens), inlined: this runs for every planned chunk
         c0, tok, root, samp, ctx, pair, seq = (self.kernel_coefficients if 0 < tokens <= self.kernel_max_rows
                                                else self.coefficients)
         return (c0 + tok * tokens + root * math.sqrt(tokens) + samp * sampled + ctx * context

@@ -71,15 +71,12 @@ class LiveCostModel:
         if len(steps) < MIN_LIVE_STEPS:
             return 1.0, 1.0, 1.0
         ratios = np.array([r.duration_s / self.base.predict(StepShape.of(r)) for r in steps])
-        on_kernels = np.array([self._on_kernel_path(r.num_prefill_tokens + r.num_decode_tokens) for r in steps])
+        on_path = getattr(self.base, "on_kernel_path", None)      # a hardware profile has one path
+        on_kernels = np.array([bool(on_path and on_path(r.num_prefill_tokens + r.num_decode_tokens)) for r in steps])
         overall = self._bounded(np.quantile(ratios, quantile))
         paths = [self._bounded(np.quantile(ratios[mask], quantile)) if mask.sum() >= MIN_PATH_STEPS else overall
                  for mask in (~on_kernels, on_kernels)]
         return overall, paths[0], paths[1]
-
-    def _on_kernel_path(self, tokens: int) -> bool:
-        on_path = getattr(self.base, "on_kernel_path", None)      # a hardware profile has one path
-        return bool(on_path and on_path(tokens))
 
     def _bounded(self, ratio: float) -> float:
         low, high = self.speed_range
