@@ -27,11 +27,11 @@ class ErrorBudget:
         """Before the step's tokens are appended: each request's gap since its previous token."""
         tolerated, long = 0.0, 0
         for request in sampling:
-            last = request.last_token_time
-            if last is None:
+            times = request.timings.token_times       # request.last_token_time, inlined: every request, every step
+            if not times:
                 continue                               # a first token: TTFT, not a gap
-            tolerated += 1.0 - request.slo.tbt_percentile / 100.0
-            is_long = now - last > request.tbt_target_s
+            tolerated += request.tbt_tolerance
+            is_long = now - times[-1] > request.tbt_target_s
             request.long_gaps += is_long
             long += is_long
         self.add(now, tolerated, long)

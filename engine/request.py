@@ -56,6 +56,7 @@ class Request:
     max_tokens: int = field(init=False)
     ttft_deadline: float = field(init=False)     # arrival + the class's TTFT target
     tbt_target_s: float = field(init=False)
+    tbt_tolerance: float = field(init=False)     # share of its gaps the TBT percentile lets run long (0.01 at P99)
     long_gaps: int = 0                           # token gaps over tbt_target_s so far (ErrorBudget counts them)
     # prefix caching (engine/prefix_cache.py): the tenant's salt, whether its blocks may be shared at all
     # (the simulator's requests without shared content are not, to skip hashing them), its cache state
@@ -69,6 +70,7 @@ class Request:
         self.max_tokens = self.params.max_tokens
         self.ttft_deadline = self.arrival_time + self.slo.ttft_s
         self.tbt_target_s = self.slo.tbt_s
+        self.tbt_tolerance = 1.0 - self.slo.tbt_percentile / 100.0
         self.cache = PrefixState()
 
     # -- the read-only view policies see (policies.view.SequenceState) --
@@ -97,7 +99,7 @@ class Request:
         it runs to max_tokens: k long gaps of g leave the percentile's interpolation on short ones
         while k <= (1 - percentile/100) x (g - 1). One that stops early had less room than this."""
         gaps = self.max_tokens - 1
-        return math.floor((1.0 - self.slo.tbt_percentile / 100.0) * (gaps - 1) + 1e-9) - self.long_gaps
+        return math.floor(self.tbt_tolerance * (gaps - 1) + 1e-9) - self.long_gaps
 
     @property
     def is_finished(self) -> bool:

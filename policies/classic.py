@@ -18,7 +18,7 @@ class PrefillFirstPolicy:
         step.schedule_all(step.partial_prefills())       # prompts longer than the budget, cut at it
         step.admit_in_order(view.waiting, step.whole_prefill_size)
         if not step.plan.scheduled:
-            step.schedule_all(step.decodes())
+            step.schedule_decodes()
         return step.plan
 
 
@@ -34,7 +34,7 @@ class RequestLevelPolicy:
             return step.plan
         step.schedule_all(step.partial_prefills())
         if not step.plan.scheduled:
-            step.schedule_all(step.decodes())
+            step.schedule_decodes()
         return step.plan
 
 
@@ -45,7 +45,7 @@ class OrcaPolicy:
 
     def plan(self, view: SchedulerView, knobs: Knobs) -> BatchPlan:
         step = StepBuilder(view, knobs)
-        step.schedule_all(step.decodes())
+        step.schedule_decodes()
         step.schedule_all(step.partial_prefills())
         step.admit_in_order(view.waiting, step.whole_prefill_size)
         return step.plan
@@ -74,4 +74,4 @@ class ChunkedAlternatingPolicy:
 
     @staticmethod
     def _decodes(step: StepBuilder, view: SchedulerView) -> None:
-        step.schedule_all(step.decodes())
+        step.schedule_decodes()

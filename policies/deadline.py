@@ -46,14 +46,22 @@ class StepTime:
         self.cost = cost
         self.prefill = self.decode = self.sampled = self.context = self.pairs = self.seqs = 0
 
-    def add_decodes(self, decodes: Sequence[SequenceState]) -> None:
+    def add_decodes(self, decodes: Sequence[SequenceState], now: float) -> float:
+        """Adds them; returns the smallest TBT slack among them (their TBT target minus the time since
+        their last token; unbounded if none has a token yet). One pass: every decode, every step."""
+        context, slack = 0, UNBOUNDED
         for seq in decodes:
-            context = seq.num_computed_tokens + 1
-            self.decode += 1
-            self.sampled += 1
-            self.context += context
-            self.pairs += context
-            self.seqs += 1
+            context += seq.num_computed_tokens + 1
+            last = seq.last_token_time
+            if last is not None:
+                slack = min(slack, seq.tbt_target_s - (now - last))
+        n = len(decodes)
+        self.decode += n
+        self.sampled += n
+        self.context += context
+        self.pairs += context
+        self.seqs += n
+        return slack
 
     def seconds(self) -> float:
         return self.cost.predict_counts(self.prefill, self.decode, self.sampled, self.context, self.pairs,
@@ -106,22 +114,17 @@ class DeadlinePolicy:
 
     def plan(self, view: SchedulerView, knobs: Knobs) -> BatchPlan:
         step = StepBuilder(view, knobs)
-        decodes = step.decodes()
-        step.schedule_all(decodes)
-        scheduled = {c.request_id for c in step.plan.scheduled}
-        decodes = [d for d in decodes if d.request_id in scheduled]
+        decodes = step.schedule_decodes()
         time = StepTime(view.cost) if view.cost else None
+        target = UNBOUNDED
         if time:
-            time.add_decodes(decodes)
-        # each decode's own step-time target: headroom x its TBT slack; the step fits the smallest
-        targets = sorted(((knobs.step_headroom * (d.tbt_target_s - (view.now - d.last_token_time)), d)
-                          for d in decodes if d.last_token_time is not None), key=lambda t: t[0])
-        target = min(targets[0][0] if targets else UNBOUNDED, view.arrival_guard_s) if time else UNBOUNDED
-        self._prefills(step, view, knobs, time, target, targets)
+            # each decode's own step-time target is headroom x its TBT slack; the step fits the smallest
+            target = min(knobs.step_headroom * time.add_decodes(decodes, view.now), view.arrival_guard_s)
+        self._prefills(step, view, knobs, time, target, decodes)
         return step.plan
 
     def _prefills(self, step: StepBuilder, view: SchedulerView, knobs: Knobs, time: StepTime | None,
-                  target: float, targets: list[tuple[float, SequenceState]]) -> None:
+                  target: float, decodes: list[SequenceState]) -> None:
         floor = round(knobs.prefill_priority * knobs.token_budget)
         spendable = math.floor(knobs.error_budget * view.tolerated_long_gaps) - view.long_gaps
         cap = knobs.long_prefill_token_threshold or knobs.token_budget
@@ -143,7 +146,8 @@ class DeadlinePolicy:
             rescued = (time is not None and n < rescue and time.seconds() <= target
                        and self._at_risk(time, seq, n, view.now)
                        and not self._at_risk(time, seq, rescue, view.now)
-                       and self._affordable(self._late_decodes(time, seq, rescue, targets), spendable))
+                       and self._affordable(self._late_decodes(time, seq, rescue, decodes, view.now,
+                                                               knobs.step_headroom), spendable))
             n = rescue if rescued else time.on_tile(seq, n) if time else n
             if n <= 0:
                 return
@@ -165,12 +169,13 @@ class DeadlinePolicy:
         return now + steps * time.with_chunk(seq, n) > seq.ttft_deadline
 
     @staticmethod
-    def _late_decodes(time: StepTime, seq: SequenceState, n: int,
-                      targets: list[tuple[float, SequenceState]]) -> list[SequenceState]:
-        """Running decodes whose target the step with this chunk overruns and the step without it
-        does not: the long gaps the error budget pays for."""
+    def _late_decodes(time: StepTime, seq: SequenceState, n: int, decodes: list[SequenceState], now: float,
+                      headroom: float) -> list[SequenceState]:
+        """Running decodes whose target (headroom x TBT slack) the step with this chunk overruns and
+        the step without it does not: the long gaps the error budget pays for."""
         with_chunk, without = time.with_chunk(seq, n), time.seconds()
-        return [d for t, d in targets if without <= t < with_chunk]
+        return [d for d in decodes if d.last_token_time is not None
+                and without <= headroom * (d.tbt_target_s - (now - d.last_token_time)) < with_chunk]
 
     @staticmethod
     def _affordable(late: list[SequenceState], spendable: int) -> bool:

@@ -25,10 +25,10 @@ class PrefillPriorityPolicy:
             self.draining = False
         step = StepBuilder(view, knobs)
         if self.draining:
-            step.schedule_all(step.decodes())
+            step.schedule_decodes()
             step.schedule_all(step.partial_prefills())
         else:
             step.schedule_all(step.partial_prefills())
             step.admit_in_order(view.waiting)
-            step.schedule_all(step.decodes())
+            step.schedule_decodes()
         return step.plan

@@ -16,7 +16,7 @@ class SarathiPolicy:
 
     def plan(self, view: SchedulerView, knobs: Knobs) -> BatchPlan:
         step = StepBuilder(view, knobs)
-        step.schedule_all(step.decodes())
+        step.schedule_decodes()
         step.schedule_all(step.partial_prefills())
         step.admit_in_order(view.waiting)
         return step.plan

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from policies.knobs import Knobs
 from policies.plan import BatchPlan, ScheduledChunk
-from policies.view import SchedulerView, SequenceState, is_decode_work, remaining_tokens
+from policies.view import SchedulerView, SequenceState, remaining_tokens
 
 _NOTHING = (0, 0)
 
@@ -49,7 +49,7 @@ class StepBuilder:
             if preempted and s.request_id in preempted:
                 continue
             computed = s.num_computed_tokens
-            if is_decode_work(s.num_tokens - computed, computed, s.num_prompt_tokens):
+            if s.num_tokens - computed == 1 and computed >= s.num_prompt_tokens:   # is_decode_work, inlined
                 decodes.append(s)
             else:
                 prefills.append(s)
@@ -86,6 +86,42 @@ class StepBuilder:
         else:
             self.plan.scheduled.append(chunk)
         return True
+
+    def schedule_decodes(self) -> list[SequenceState]:
+        """schedule_all(decodes()): every running decode gets its token while the budget and the KV
+        pool last; returns those that did, in admission order. One pass that also splits the running
+        requests as _split_running does: it runs for every request, every step."""
+        decodes, prefills, scheduled = [], [], []
+        reserved, preempted, chunks = self._reserved, self._preempted, self.plan.scheduled
+        block_size, preempted_before = self.view.block_size, len(preempted)
+        for seq in self.view.running:
+            request_id = seq.request_id
+            if preempted_before and request_id in preempted:
+                continue
+            computed = seq.num_computed_tokens
+            if seq.num_tokens - computed != 1 or computed < seq.num_prompt_tokens:   # is_decode_work, inlined
+                prefills.append(seq)
+                continue
+            decodes.append(seq)
+            if self.tokens_left <= 0:
+                continue
+            if request_id not in reserved and request_id not in preempted:
+                # schedule(seq, 1) inlined, as in schedule_all; a block it cannot get without preempting
+                # takes the full path
+                blocks = max(0, (computed + block_size) // block_size - seq.num_blocks)
+                if blocks <= self.free_blocks:
+                    self.free_blocks -= blocks
+                    self.tokens_left -= 1
+                    reserved[request_id] = (1, blocks)
+                    chunks.append(ScheduledChunk(request_id, 1))
+                    scheduled.append(seq)
+                    continue
+            if self.schedule(seq, 1):
+                scheduled.append(seq)
+        self._split, self._split_at = (decodes, prefills), preempted_before
+        if len(preempted) > preempted_before:     # a decode preempted for a later one's block left the step
+            scheduled = [d for d in scheduled if d.request_id in reserved]
+        return scheduled
 
     def schedule_all(self, seqs: Iterable[SequenceState], chunk_cap: int = 0) -> None:
         """Each in turn gets what it still needs (at most `chunk_cap` if set) while the budget lasts."""

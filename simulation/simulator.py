@@ -17,7 +17,7 @@ from typing import Protocol
 from engine.block_manager import BlockManager
 from engine.prefix_cache import PrefixCachingBlockManager
 from simulation.cost_model import CostModel
-from engine.llm_engine import request_record, step_record, token_gaps
+from engine.llm_engine import request_record, step_record
 from engine.model_runner import StepTiming
 from engine.outputs import RequestRecord, StepRecord
 from engine.request import FinishReason, Request
@@ -127,67 +127,79 @@ class Simulator:
                                             result.context_tokens, result.attended_pairs, len(result.scheduled))
         self.now += duration
         self.scheduler.commit(result)
-        # ScheduledRequest.samples inlined: this runs for every request, every step
-        sampling = [r for r, n, c in result.scheduled if c + n == r.num_tokens]
-        self.scheduler.error_budget.observe(sampling, self.now)
-        gaps = token_gaps(sampling, self.now) if self.step_listeners else ()
-        self._emit_tokens(sampling)
+        gaps: list[float] | None = [] if self.step_listeners else None
+        num_sampled, num_finished = self._emit_tokens(result, gaps)
         record = None
         if self.step_listeners:           # a record only for someone who reads it
-            record = step_record(self.num_steps, result, self.scheduler, len(sampling), start, duration, 0.0,
-                                 StepTiming(0.0, duration, 0.0), gaps)
+            record = step_record(self.num_steps, result, self.scheduler, num_sampled, start, duration, 0.0,
+                                 StepTiming(0.0, duration, 0.0), tuple(gaps))
         self.num_steps += 1
         for listener in self.step_listeners:
             listener(record)
-        if self.coast and self._steady(result):
-            self._coast(result, record, t_end)
+        if self.coast and self._steady(result, num_finished):
+            self._coast(record, t_end)
 
-    def _steady(self, result: ScheduleResult) -> bool:
-        """Every running request just decoded and nothing waits: until an arrival, a finish, a knob
-        change or a new KV block is needed, every policy plans this same all-decode step again."""
+    def _steady(self, result: ScheduleResult, num_finished: int) -> bool:
+        """The step was all decodes, of every request running before it, and nothing waits: until an
+        arrival, a knob change or a KV block the pool cannot give, every policy plans the all-decode
+        step of the requests still running again."""
         s = self.scheduler
         return (not s.waiting and not result.num_preempted and not s.has_pending_change
-                and len(result.scheduled) == len(s.running) and result.num_decode_tokens == len(s.running))
+                and result.num_decode_tokens == len(result.scheduled) == len(s.running) + num_finished)
 
-    def _coast(self, result: ScheduleResult, record: StepRecord | None, t_end: float) -> None:
-        running = self.scheduler.running
-        steps_left = min(r.params.max_tokens - r.num_output_tokens for r in running) - 1  # a finish runs a real step
-        next_arrival = self._pending[0].arrival_s if self._pending else float("inf")
-        batch = len(running)
-        context, pairs = result.context_tokens, result.attended_pairs
+    def _coast(self, record: StepRecord | None, t_end: float) -> None:
+        """Replays those all-decode steps without asking the policy: each sequence gains a token and
+        its KV slot, and those at max_tokens finish, as step() would do them."""
+        scheduler, running = self.scheduler, self.scheduler.running
+        stop_at = min(self._pending[0].arrival_s if self._pending else float("inf"), t_end)
         fields = vars(record) if record is not None else {}
-        stop_at = min(next_arrival, t_end)
-        budget = self.scheduler.error_budget
-        tolerated = sum(1.0 - r.slo.tbt_percentile / 100.0 for r in running)
+        budget = scheduler.error_budget
         steps_to_block = 0    # steps until some sequence's next token needs a new KV block
-        for _ in range(steps_left):
-            if self.now >= stop_at:
-                return
+        steps_to_finish = 0   # steps until some sequence reaches max_tokens
+        while running and self.now < stop_at and not scheduler.has_pending_change:
+            if steps_to_finish == 0:     # the batch is new: sum what its steps depend on
+                batch = len(running)
+                context = sum(r.num_computed_tokens for r in running)
+                tolerated = sum(r.tbt_tolerance for r in running)
+                steps_to_finish = min(r.max_tokens - len(r.output_token_ids) for r in running)
             if steps_to_block == 0:
                 steps_to_block = self._grow_for_next_token(running)
                 if steps_to_block == 0:
                     return
             steps_to_block -= 1
+            steps_to_finish -= 1
             context += batch            # each sequence attends to one more token than last step
-            pairs += batch
-            start, duration = self.now, self.cost.predict_counts(0, batch, batch, context, pairs, batch)
-            self.now += duration
-            long = [r for r in running if duration > r.tbt_target_s]
-            budget.add(self.now, tolerated, len(long))
+            start = self.now
+            duration = self.cost.predict_counts(0, batch, batch, context, context, batch)
+            self.now = now = start + duration
+            gap = now - start           # every sequence's last token came at the end of the last step
+            long = [r for r in running if gap > r.tbt_target_s]
+            budget.add(now, tolerated, len(long))
             for request in long:
                 request.long_gaps += 1
             for request in running:
                 request.num_computed_tokens += 1
                 request.output_token_ids.append(0)
-                request.timings.token_times.append(self.now)
-            self.scheduler.num_steps += 1
+                request.timings.token_times.append(now)
+            scheduler.num_steps += 1
             self.num_steps += 1
+            if steps_to_finish == 0:
+                self._finish_at_max_tokens(running)
             if self.step_listeners:   # a record only for someone who reads it
-                record = StepRecord(**(fields | {"step": self.num_steps - 1, "start": start, "duration_s": duration,
-                                                 "forward_s": duration, "context_tokens": context,
-                                                 "attended_pairs": pairs, "token_gaps": (duration,) * batch}))
+                record = StepRecord(**(fields | {
+                    "step": self.num_steps - 1, "start": start, "duration_s": duration, "forward_s": duration,
+                    "num_decode_tokens": batch, "num_sampled": batch, "num_running": len(running),
+                    "kv_usage": self.blocks.usage, "context_tokens": context, "attended_pairs": context,
+                    "token_gaps": (gap,) * batch}))
                 for listener in self.step_listeners:
                     listener(record)
+
+    def _finish_at_max_tokens(self, running: list[Request]) -> None:
+        for request in [r for r in running if len(r.output_token_ids) >= r.max_tokens]:
+            self.scheduler.finish(request, FinishReason.LENGTH)
+            record = request_record(request)
+            for listener in self.finish_listeners:
+                listener(record)
 
     def _grow_for_next_token(self, running: list[Request]) -> int:
         """Give each request the KV block its next token needs and return how many tokens they can
@@ -201,16 +213,36 @@ class Simulator:
             self.blocks.grow(request.block_table, request.num_computed_tokens + 1)
         return min(len(r.block_table) * capacity - r.num_computed_tokens for r in running)
 
-    def _emit_tokens(self, sampling: list[Request]) -> None:
-        now = self.now
-        for request in sampling:
+    def _emit_tokens(self, result: ScheduleResult, gaps: list[float] | None) -> tuple[int, int]:
+        """A token for each request whose chunk reached its last known token (ScheduledRequest.samples),
+        its gap since the previous one counted in the error budget first (ErrorBudget.observe) and
+        added to `gaps` if given; those at max_tokens finish. Returns how many sampled and how many
+        finished. One fused pass: it runs for every request, every step."""
+        now, tolerated, long, sampled, finished = self.now, 0.0, 0, 0, 0
+        for request, n, c in result.scheduled:
             outputs = request.output_token_ids
-            outputs.append(0)
+            if c + n != request.num_prompt_tokens + len(outputs):
+                continue
+            sampled += 1
             timings = request.timings
-            timings.first_token = timings.first_token or now
-            timings.token_times.append(now)
+            times = timings.token_times
+            if times:
+                last = times[-1]
+                tolerated += request.tbt_tolerance
+                is_long = now - last > request.tbt_target_s
+                request.long_gaps += is_long
+                long += is_long
+                if gaps is not None:
+                    gaps.append(now - last)
+            else:
+                timings.first_token = timings.first_token or now
+            outputs.append(0)
+            times.append(now)
             if len(outputs) >= request.max_tokens:
+                finished += 1
                 self.scheduler.finish(request, FinishReason.LENGTH)
                 record = request_record(request)
                 for listener in self.finish_listeners:
                     listener(record)
+        self.scheduler.error_budget.add(now, tolerated, long)
+        return sampled, finished

@@ -54,7 +54,7 @@ def predicted(v: SchedulerView, plan) -> float:
     for chunk in plan.scheduled:
         seq = by_id[chunk.request_id]
         if chunk.num_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens:
-            time.add_decodes([seq])
+            time.add_decodes([seq], NOW)
         else:
             time.add_chunk(seq, chunk.num_tokens)
     return time.seconds()
@@ -83,7 +83,7 @@ def test_step_fits_the_tightest_slack_or_carries_no_prefill(since, prompts, head
         assert predicted(v, plan) <= target + 1e-9
     else:   # either nothing more fits, or the decodes alone already overrun the target
         one_more = StepTime(COST)
-        one_more.add_decodes(scheduled_decodes)
+        one_more.add_decodes(scheduled_decodes, NOW)
         assert plan.num_tokens == budget or one_more.with_chunk(v.waiting[0], 1) > target
 
 

@@ -51,14 +51,15 @@ def test_step_time_follows_the_cost_model():
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_coasting_through_decodes_changes_nothing(policy):
-    """Replaying all-decode stretches without the policy gives the very same run, preemptions included."""
+    """Replaying all-decode stretches without the policy (finishes included) gives the very same run,
+    preemptions, step records and the error budget included."""
     specs = generate(load_workload("chat"), qps=3.0, num_requests=120, seed=1)
     cost = find_cost_model(str(SHIPPED_COST_MODEL))
     results = []
     for coast in (False, True):
-        records, steps = run(Simulator(cost, 200, 16, policy, Knobs(token_budget=256), coast=coast), specs)
-        results.append(([(r.request_id, r.token_times, r.num_preemptions) for r in records],
-                        [(s.num_prefill_tokens, s.num_decode_tokens, s.duration_s) for s in steps]))
+        sim = Simulator(cost, 200, 16, policy, Knobs(token_budget=256), coast=coast)
+        records, steps = run(sim, specs)
+        results.append((records, steps, sim.scheduler.error_budget.state(sim.now), sim.num_steps))
     assert results[0] == results[1]
     assert len(results[0][0]) == len(specs)
 
