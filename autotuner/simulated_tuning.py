@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings, best_configuration
 from autotuner.search_space import SearchSpace, load_search_space
-from simulation.workload_run import make_simulator, simulate
+from simulation.workload_run import make_simulator, shares_prefixes, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
 from autotuner.warm_start import SimulatorWarmStart, slo_token_budget
@@ -124,7 +124,7 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
                       initial: Knobs | None = None) -> tuple[Controller, list[RequestRecord], float]:
     """Serve `specs` on the simulator with the controller retuning it window after window."""
     space = space or load_search_space()
-    sim = make_simulator(cost, settings.policy, initial or Knobs(), slo)
+    sim = make_simulator(cost, settings.policy, initial or Knobs(), slo, prefix_caching=shares_prefixes(specs))
     telemetry = TelemetryWindow(slo, clock=lambda: sim.now)
     target = SimulatedTarget(sim, telemetry)
     records: list[RequestRecord] = []

@@ -149,41 +149,40 @@ class Simulator:
 
     def _coast(self, record: StepRecord | None, t_end: float) -> None:
         """Replays those all-decode steps without asking the policy: each sequence gains a token and
-        its KV slot, and those at max_tokens finish, as step() would do them."""
+        its KV slot, and those at max_tokens finish, as step() would do them. The steps' tokens reach
+        the requests in one go, before a finish and at the end (listeners read records, not requests)."""
         scheduler, running = self.scheduler, self.scheduler.running
         stop_at = min(self._pending[0].arrival_s if self._pending else float("inf"), t_end)
         fields = vars(record) if record is not None else {}
-        budget = scheduler.error_budget
-        steps_to_block = 0    # steps until some sequence's next token needs a new KV block
-        steps_to_finish = 0   # steps until some sequence reaches max_tokens
+        budget, block_size = scheduler.error_budget, self.blocks.block_size
+        pending: list[float] = []   # end times of the steps whose tokens the requests have not got yet
+        steps_to_finish = step = 0  # steps until some sequence reaches max_tokens; steps coasted
         while running and self.now < stop_at and not scheduler.has_pending_change:
             if steps_to_finish == 0:     # the batch is new: sum what its steps depend on
                 batch = len(running)
                 context = sum(r.num_computed_tokens for r in running)
                 tolerated = sum(r.tbt_tolerance for r in running)
+                tightest_tbt = min(r.tbt_target_s for r in running)
                 steps_to_finish = min(r.max_tokens - len(r.output_token_ids) for r in running)
-            if steps_to_block == 0:
-                steps_to_block = self._grow_for_next_token(running)
-                if steps_to_block == 0:
-                    return
-            steps_to_block -= 1
+                by_slot = self._by_block_boundary(running, step)
+            if not self._grow_for_next_token(by_slot[step % block_size], len(pending)):
+                break
+            step += 1
             steps_to_finish -= 1
             context += batch            # each sequence attends to one more token than last step
             start = self.now
             duration = self.cost.predict_counts(0, batch, batch, context, context, batch)
             self.now = now = start + duration
             gap = now - start           # every sequence's last token came at the end of the last step
-            long = [r for r in running if gap > r.tbt_target_s]
+            long = [r for r in running if gap > r.tbt_target_s] if gap > tightest_tbt else ()
             budget.add(now, tolerated, len(long))
             for request in long:
                 request.long_gaps += 1
-            for request in running:
-                request.num_computed_tokens += 1
-                request.output_token_ids.append(0)
-                request.timings.token_times.append(now)
+            pending.append(now)
             scheduler.num_steps += 1
             self.num_steps += 1
             if steps_to_finish == 0:
+                self._give_tokens(running, pending)
                 self._finish_at_max_tokens(running)
             if self.step_listeners:   # a record only for someone who reads it
                 record = StepRecord(**(fields | {
@@ -193,6 +192,40 @@ class Simulator:
                     "token_gaps": (gap,) * batch}))
                 for listener in self.step_listeners:
                     listener(record)
+        self._give_tokens(running, pending)
+
+    def _by_block_boundary(self, running: list[Request], step: int) -> list[list[Request]]:
+        """The running requests by the coasted step (mod block size) at which their next token needs
+        a new KV block: each step looks at the one list that may."""
+        block_size = self.blocks.block_size
+        lists: list[list[Request]] = [[] for _ in range(block_size)]
+        for request in running:
+            free_slots = len(request.block_table) * block_size - request.num_computed_tokens
+            lists[(step + free_slots) % block_size].append(request)
+        return lists
+
+    def _grow_for_next_token(self, candidates: list[Request], pending: int) -> bool:
+        """Give each request whose next token needs it a new KV block (`pending` tokens computed but
+        not given yet); False (nothing taken) if the pool cannot give them all, where the policy would
+        preempt."""
+        block_size = self.blocks.block_size
+        short = [r for r in candidates if r.num_computed_tokens + pending + 1 > len(r.block_table) * block_size]
+        if len(short) > self.blocks.num_free_blocks:
+            return False
+        for request in short:
+            self.blocks.grow(request.block_table, request.num_computed_tokens + pending + 1)
+        return True
+
+    @staticmethod
+    def _give_tokens(running: list[Request], times: list[float]) -> None:
+        """Each request's tokens of the coasted steps that ended at `times`."""
+        if times:
+            zeros, n = [0] * len(times), len(times)
+            for request in running:
+                request.num_computed_tokens += n
+                request.output_token_ids.extend(zeros)
+                request.timings.token_times.extend(times)
+            times.clear()
 
     def _finish_at_max_tokens(self, running: list[Request]) -> None:
         for request in [r for r in running if len(r.output_token_ids) >= r.max_tokens]:
@@ -200,18 +233,6 @@ class Simulator:
             record = request_record(request)
             for listener in self.finish_listeners:
                 listener(record)
-
-    def _grow_for_next_token(self, running: list[Request]) -> int:
-        """Give each request the KV block its next token needs and return how many tokens they can
-        all take before one needs another; 0 (nothing taken) if they do not all fit, which is where
-        the policy would preempt."""
-        capacity = self.blocks.block_size
-        short = [r for r in running if r.num_computed_tokens + 1 > len(r.block_table) * capacity]
-        if len(short) > self.blocks.num_free_blocks:
-            return 0
-        for request in short:
-            self.blocks.grow(request.block_table, request.num_computed_tokens + 1)
-        return min(len(r.block_table) * capacity - r.num_computed_tokens for r in running)
 
     def _emit_tokens(self, result: ScheduleResult, gaps: list[float] | None) -> tuple[int, int]:
         """A token for each request whose chunk reached its last known token (ScheduledRequest.samples),

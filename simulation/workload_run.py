@@ -22,18 +22,27 @@ class SimulatedRun:
     num_rejected: int
 
 
-def make_simulator(cost: StepTimeModel, policy: str, knobs: Knobs, slo: SLO | None = None) -> Simulator:
+def make_simulator(cost: StepTimeModel, policy: str, knobs: Knobs, slo: SLO | None = None,
+                   prefix_caching: bool = True) -> Simulator:
     """Requests of the default SLO class get `slo`'s targets (the run's --slo flags)."""
     classes = shipped_slo_classes()
     if slo is not None:
         classes = classes.with_default_targets(slo.ttft_s, slo.tbt_s)
-    return Simulator(cost, cost.kv_blocks, cost.block_size, policy, knobs, slo_classes=classes)
+    return Simulator(cost, cost.kv_blocks, cost.block_size, policy, knobs, slo_classes=classes,
+                     prefix_caching=prefix_caching)
+
+
+def shares_prefixes(specs: list[RequestSpec]) -> bool:
+    """Whether any request shares a prompt prefix. Without one the prefix cache can never hit (the
+    simulator's other prompts are unique), so a run without it is the same run, without the cache's
+    per-block bookkeeping."""
+    return any(spec.prefix_group is not None for spec in specs)
 
 
 def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = "sarathi", knobs: Knobs | None = None,
              slo: SLO | None = None) -> SimulatedRun:
     """Every request through to its end; rates are over first arrival to last finish."""
-    sim = make_simulator(cost, policy, knobs or Knobs(), slo)
+    sim = make_simulator(cost, policy, knobs or Knobs(), slo, prefix_caching=shares_prefixes(specs))
     records: list[RequestRecord] = []
     sim.finish_listeners.append(records.append)
     sim.submit(specs)
