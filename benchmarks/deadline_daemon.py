@@ -17,7 +17,8 @@ import yaml
 
 from bench_common import MachineInfo, emit_summary
 from tuning_shift import start_daemon, stop_daemon
-from loadgen.bench_client import BenchOptions, make_prompts, run_bench
+from autotuner.simulated_tuning import violating_fraction
+from loadgen.bench_client import BenchOptions, BenchRun, make_prompts, run_bench
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from loadgen.workload import generate, load_workload
 from telemetry.window import SLO
@@ -50,18 +51,34 @@ def settings_for(name: str, slo: SLO, port: int, state_dir: str) -> dict:
     return common | {"policy": policy, "knobs": {"token_budget": int(budget)} | extra}
 
 
+def windows_meeting_slo(run: BenchRun, slo: SLO) -> dict[str, float]:
+    """Per SLO class, the share of 30 s windows (by finish time) whose P50 TTFT and P99 TBT met the
+    class's targets (the run's SLO for the default class), as `tune --simulate` counts violating
+    windows; a failed request ends its window."""
+    end = max((r.finished for r in run.results if r.finished is not None), default=run.start)
+    records = [r.record(end) for r in run.results]
+    by_class: dict[str, list] = {}
+    for record in records:
+        by_class.setdefault(record.slo_class, []).append(record)
+    return {name: 1.0 - violating_fraction(group, SLO(group[0].slo_ttft_s or slo.ttft_s,
+                                                       group[0].slo_tbt_s or slo.tbt_s))
+            for name, group in by_class.items()}
+
+
 def run_one(name: str, specs, prompts, slo: SLO, args: argparse.Namespace) -> dict:
     workdir = tempfile.mkdtemp(prefix=f"deadline_daemon_{name}_")
     proc = start_daemon(settings_for(name, slo, args.port, os.path.join(workdir, "state")), workdir)
     try:
         options = BenchOptions(f"http://127.0.0.1:{args.port}", max_duration_s=specs[-1].arrival_s + 600,
                                progress=False)
-        summary = run_bench(specs, prompts, options, slo).summary
+        run = run_bench(specs, prompts, options, slo)
     finally:
         stop_daemon(proc)
+    summary = run.summary
     result = {"ttft_p50_s": summary.ttft_p50_s, "tbt_p99_s": summary.tbt_p99_s, "tbt_p50_s": summary.tbt_p50_s,
               "goodput_rps": summary.goodput_rps, "slo_attainment": summary.slo_attainment,
               "failed": summary.num_failed, "by_class": summary.by_class,
+              "windows_meeting_slo": windows_meeting_slo(run, slo),
               "meets_capacity_criterion": bool(summary.ttft_p50_s is not None and summary.ttft_p50_s <= slo.ttft_s
                                                and summary.tbt_p99_s is not None and summary.tbt_p99_s <= slo.tbt_s)}
     print(f"{name}: {result}", file=sys.stderr)

@@ -80,7 +80,7 @@ def main() -> None:
     pairs = []
     for a, b in itertools.combinations(args.workloads, 2):
         ceiling, best = pair_ceiling(phases[a]["goodput_rps"], phases[b]["goodput_rps"])
-        pairs.append({"shift": f"{a} <-> {b}", "per_phase_ceiling": round(ceiling, 3), "best_single": points[best],
+        pairs.append({"shift": f"{a} <-> {b}", "per_phase_ceiling": round(ceiling, 4), "best_single": points[best],
                       f"best_for_{a}": points[max(range(len(points)), key=phases[a]["goodput_rps"].__getitem__)],
                       f"best_for_{b}": points[max(range(len(points)), key=phases[b]["goodput_rps"].__getitem__)]})
     pairs.sort(key=lambda p: -p["per_phase_ceiling"])

@@ -92,8 +92,7 @@ class StepBuilder:
         pool last; returns those that did, in admission order. One pass that also splits the running
         requests as _split_running does: it runs for every request, every step."""
         decodes, prefills, scheduled = [], [], []
-        reserved, preempted, chunks = self._reserved, self._preempted, self.plan.scheduled
-        block_size, preempted_before = self.view.block_size, len(preempted)
+        reserved, preempted, preempted_before = self._reserved, self._preempted, len(self._preempted)
         for seq in self.view.running:
             request_id = seq.request_id
             if preempted_before and request_id in preempted:
@@ -103,20 +102,9 @@ class StepBuilder:
                 prefills.append(seq)
                 continue
             decodes.append(seq)
-            if self.tokens_left <= 0:
-                continue
-            if request_id not in reserved and request_id not in preempted:
-                # schedule(seq, 1) inlined, as in schedule_all; a block it cannot get without preempting
-                # takes the full path
-                blocks = max(0, (computed + block_size) // block_size - seq.num_blocks)
-                if blocks <= self.free_blocks:
-                    self.free_blocks -= blocks
-                    self.tokens_left -= 1
-                    reserved[request_id] = (1, blocks)
-                    chunks.append(ScheduledChunk(request_id, 1))
-                    scheduled.append(seq)
-                    continue
-            if self.schedule(seq, 1):
+            if self.tokens_left > 0 and (
+                    (request_id not in reserved and request_id not in preempted
+                     and self._take_one_token(seq, request_id, computed)) or self.schedule(seq, 1)):
                 scheduled.append(seq)
         self._split, self._split_at = (decodes, prefills), preempted_before
         if len(preempted) > preempted_before:     # a decode preempted for a later one's block left the step
@@ -125,25 +113,30 @@ class StepBuilder:
 
     def schedule_all(self, seqs: Iterable[SequenceState], chunk_cap: int = 0) -> None:
         """Each in turn gets what it still needs (at most `chunk_cap` if set) while the budget lasts."""
-        schedule, reserved, preempted, chunks = self.schedule, self._reserved, self._preempted, self.plan.scheduled
-        block_size = self.view.block_size
+        reserved, preempted = self._reserved, self._preempted
         for seq in seqs:
             if self.tokens_left <= 0:
                 return
             computed = seq.num_computed_tokens
             need = seq.num_tokens - computed
             request_id = seq.request_id
-            if need == 1 and request_id not in reserved and request_id not in preempted:
-                # schedule(seq, 1) for a request new to this step, inlined for decodes (every running
-                # request, every step); a block it cannot get without preempting takes the full path
-                blocks = max(0, (computed + block_size) // block_size - seq.num_blocks)
-                if blocks <= self.free_blocks:
-                    self.free_blocks -= blocks
-                    self.tokens_left -= 1
-                    reserved[request_id] = (1, blocks)
-                    chunks.append(ScheduledChunk(request_id, 1))
-                    continue
-            schedule(seq, min(need, chunk_cap) if chunk_cap else need)
+            if not (need == 1 and request_id not in reserved and request_id not in preempted
+                    and self._take_one_token(seq, request_id, computed)):
+                self.schedule(seq, min(need, chunk_cap) if chunk_cap else need)
+
+    def _take_one_token(self, seq: SequenceState, request_id: str, computed: int) -> bool:
+        """schedule(seq, 1) for a request new to this step, cut short for decodes (every running
+        request, every step); False, taking nothing, where its block needs a preemption (schedule()
+        then takes the full path)."""
+        block_size = self.view.block_size
+        blocks = max(0, (computed + block_size) // block_size - seq.num_blocks)
+        if blocks > self.free_blocks:
+            return False
+        self.free_blocks -= blocks
+        self.tokens_left -= 1
+        self._reserved[request_id] = (1, blocks)
+        self.plan.scheduled.append(ScheduledChunk(request_id, 1))
+        return True
 
     def admit(self, seq: SequenceState, num_tokens: int, keep_free_blocks: int = 0) -> bool:
         """Start a waiting request if it fits the sequence limit, the budget and the free KV

@@ -228,3 +228,19 @@ def test_shift_gpu_moves_from_decode_heavy_to_prefill_heavy_and_back():
     ratio = {name: np.mean([s.prompt_tokens for s in g]) / np.mean([s.output_tokens for s in g])
              for name, g in by_phase.items()}
     assert ratio["arxiv-summarization"] > 2 * ratio["sharegpt4-1"]
+
+
+def test_the_operator_suite_has_the_shape_its_name_promises():
+    def lengths(name):
+        specs = generate(load_workload(name), qps=1.0, num_requests=2000, seed=0)
+        return specs, np.array([s.prompt_tokens for s in specs]), np.array([s.output_tokens for s in specs])
+
+    _, rag_p, rag_o = lengths("rag")
+    assert np.median(rag_p) > 4000 and np.median(rag_o) < 200          # long prompts, short answers
+    code, code_p, code_o = lengths("code-completion")
+    gaps = np.diff([s.arrival_s for s in code])
+    assert np.median(code_o) < 64 and np.var(gaps) / np.mean(gaps) ** 2 > 2    # short answers, in bursts
+    agentic, _, _ = lengths("agentic")
+    assert len({s.prefix_group for s in agentic}) < len(agentic) / 3           # turns resend a conversation
+    _, reason_p, reason_o = lengths("reasoning")
+    assert np.median(reason_o) > 3 * np.median(reason_p)                       # decode-heavy
