@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import tempfile
+from dataclasses import replace
 
 import yaml
 
@@ -56,7 +57,8 @@ def windows_meeting_slo(run: BenchRun, slo: SLO) -> dict[str, float]:
     class's targets (the run's SLO for the default class), as `tune --simulate` counts violating
     windows; a failed request ends its window."""
     end = max((r.finished for r in run.results if r.finished is not None), default=run.start)
-    records = [r.record(end) for r in run.results]
+    # windows from the run's start: violating_fraction counts them from time 0
+    records = [replace(r.record(end), finished=(r.finished or end) - run.start) for r in run.results]
     by_class: dict[str, list] = {}
     for record in records:
         by_class.setdefault(record.slo_class, []).append(record)

@@ -229,10 +229,13 @@ class Simulator:
 
     def _finish_at_max_tokens(self, running: list[Request]) -> None:
         for request in [r for r in running if len(r.output_token_ids) >= r.max_tokens]:
-            self.scheduler.finish(request, FinishReason.LENGTH)
-            record = request_record(request)
-            for listener in self.finish_listeners:
-                listener(record)
+            self._finish(request)
+
+    def _finish(self, request: Request) -> None:
+        self.scheduler.finish(request, FinishReason.LENGTH)
+        record = request_record(request)
+        for listener in self.finish_listeners:
+            listener(record)
 
     def _emit_tokens(self, result: ScheduleResult, gaps: list[float] | None) -> tuple[int, int]:
         """A token for each request whose chunk reached its last known token (ScheduledRequest.samples),
@@ -261,9 +264,6 @@ class Simulator:
             times.append(now)
             if len(outputs) >= request.max_tokens:
                 finished += 1
-                self.scheduler.finish(request, FinishReason.LENGTH)
-                record = request_record(request)
-                for listener in self.finish_listeners:
-                    listener(record)
+                self._finish(request)
         self.scheduler.error_budget.add(now, tolerated, long)
         return sampled, finished

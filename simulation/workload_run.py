@@ -34,8 +34,8 @@ def make_simulator(cost: StepTimeModel, policy: str, knobs: Knobs, slo: SLO | No
 
 def shares_prefixes(specs: list[RequestSpec]) -> bool:
     """Whether any request shares a prompt prefix. Without one the prefix cache can never hit (the
-    simulator's other prompts are unique), so a run without it is the same run, without the cache's
-    per-block bookkeeping."""
+    simulator's other prompts are unique), so a run without it is the same run without the cache's
+    per-block bookkeeping; only the step records' prefix-cache counters differ (no lookups counted)."""
     return any(spec.prefix_group is not None for spec in specs)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -62,6 +63,19 @@ def test_coasting_through_decodes_changes_nothing(policy):
         results.append((records, steps, sim.scheduler.error_budget.state(sim.now), sim.num_steps))
     assert results[0] == results[1]
     assert len(results[0][0]) == len(specs)
+
+
+def test_without_shared_prefixes_the_prefix_cache_changes_nothing_but_its_counters():
+    """simulate() runs such workloads on the plain block manager (workload_run.shares_prefixes)."""
+    specs = generate(load_workload("chat"), qps=3.0, num_requests=120, seed=1)
+    cost = find_cost_model(str(SHIPPED_COST_MODEL))
+    runs = []
+    for caching in (True, False):
+        records, steps = run(Simulator(cost, 120, 16, "deadline", Knobs(token_budget=256),
+                                       prefix_caching=caching), specs)
+        runs.append((records, [replace(s, prefix_cache_queries=0) for s in steps]))
+    assert runs[0] == runs[1]
+    assert any(r.num_preemptions for r in runs[0][0])     # a full pool: preemption frees the same blocks
 
 
 def test_knob_change_mid_run_keeps_every_request():
