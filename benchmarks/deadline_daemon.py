@@ -55,10 +55,10 @@ def settings_for(name: str, slo: SLO, port: int, state_dir: str) -> dict:
 def windows_meeting_slo(run: BenchRun, slo: SLO) -> dict[str, float]:
     """Per SLO class, the share of 30 s windows (by finish time) whose P50 TTFT and P99 TBT met the
     class's targets (the run's SLO for the default class), as `tune --simulate` counts violating
-    windows; a failed request ends its window."""
+    windows (pooled over the requests that produced tokens)."""
     end = max((r.finished for r in run.results if r.finished is not None), default=run.start)
     # windows from the run's start: violating_fraction counts them from time 0
-    records = [replace(r.record(end), finished=(r.finished or end) - run.start) for r in run.results]
+    records = [replace(record, finished=record.finished - run.start) for record in (r.record(end) for r in run.results)]
     by_class: dict[str, list] = {}
     for record in records:
         by_class.setdefault(record.slo_class, []).append(record)

@@ -63,6 +63,10 @@ def phase_goodputs(workload: str, cost, slo: SLO, args: argparse.Namespace) -> d
     return {"capacity_qps": found.capacity_qps, "qps": qps, "goodput_rps": goodputs}
 
 
+def best_point(points: list[dict[str, Any]], goodputs: list[float]) -> dict[str, Any]:
+    return points[max(range(len(points)), key=goodputs.__getitem__)]
+
+
 def pair_ceiling(a: list[float], b: list[float]) -> tuple[float, int]:
     """Per-phase best over the best single configuration for an equal-time shift between a and b."""
     both = [x + y for x, y in zip(a, b)]
@@ -81,13 +85,13 @@ def main() -> None:
     for a, b in itertools.combinations(args.workloads, 2):
         ceiling, best = pair_ceiling(phases[a]["goodput_rps"], phases[b]["goodput_rps"])
         pairs.append({"shift": f"{a} <-> {b}", "per_phase_ceiling": round(ceiling, 4), "best_single": points[best],
-                      f"best_for_{a}": points[max(range(len(points)), key=phases[a]["goodput_rps"].__getitem__)],
-                      f"best_for_{b}": points[max(range(len(points)), key=phases[b]["goodput_rps"].__getitem__)]})
+                      f"best_for_{a}": best_point(points, phases[a]["goodput_rps"]),
+                      f"best_for_{b}": best_point(points, phases[b]["goodput_rps"])})
     pairs.sort(key=lambda p: -p["per_phase_ceiling"])
     summary = {w: {"capacity_qps": round(p["capacity_qps"], 3), "grid_qps": round(p["qps"], 3),
                    "best_goodput_rps": round(max(p["goodput_rps"]), 3),
                    "worst_goodput_rps": round(min(p["goodput_rps"]), 3),
-                   "best": points[max(range(len(points)), key=p["goodput_rps"].__getitem__)]}
+                   "best": best_point(points, p["goodput_rps"])}
                for w, p in phases.items()}
     print(json.dumps({"profile": args.profile, "slo": {"ttft_p50_s": slo.ttft_s, "tbt_p99_s": slo.tbt_s},
                       "load": args.load, "requests": args.requests, "grid": GRID, "phases": summary,
