@@ -71,29 +71,19 @@ class TorchAttention:
         self.scale = scale
 
     def prepare(self, layout: BatchLayout, device: torch.device) -> TorchAttentionMetadata:
-        to = lambda a, dtype=torch.long: torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)  # noqa: E731
         d = layout.num_decodes
         decode_slots = decode_mask = None
         if d:
             lens = layout.seq_lens[:d]
             width = int(lens.max())
-            tables = np.zeros((d, -(-width // layout.block_size)), dtype=np.int64)
-            for i in range(d):
-                table = layout.block_tables[i]
-                tables[i, :len(table)] = table[:tables.shape[1]]
+            tables = block_table_matrix(layout, -(-width // layout.block_size))
             positions = np.arange(width)
             slots = tables[:, positions // layout.block_size] * layout.block_size + positions % layout.block_size
             attended = positions[None, :] < lens[:, None]
-            decode_slots = to(np.where(attended, slots, 0))
-            decode_mask = to(attended, torch.bool)[:, None, None, :]
-        starts = layout.query_starts
-        prefills = []
-        for i in range(d, layout.num_seqs):
-            ctx, n = int(layout.context_lens[i]), int(layout.query_lens[i])
-            slots = to(layout.slots(i, 0, ctx + n)) if ctx else None
-            mask = torch.ones(n, ctx + n, dtype=torch.bool, device=device).tril(diagonal=ctx) if ctx else None
-            prefills.append(PrefillChunk(int(starts[i]), n, ctx, slots, mask))
-        return TorchAttentionMetadata(to(layout.slot_mapping()), d, decode_slots, decode_mask, prefills)
+            decode_slots = _to(np.where(attended, slots, 0), device)
+            decode_mask = _to(attended, device, torch.bool)[:, None, None, :]
+        return TorchAttentionMetadata(_to(layout.slot_mapping(), device), d, decode_slots, decode_mask,
+                                      prefill_chunks(layout, device))
 
     def attend(self, q, k, v, k_cache, v_cache, meta: TorchAttentionMetadata) -> torch.Tensor:
         k_cache.index_copy_(0, meta.slot_mapping, k)
@@ -146,6 +136,30 @@ class TorchAttention:
         return _grouped_sdpa(q, keys, values, chunk.bias, self.scale)
 
 
+def _to(array: np.ndarray, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
+
+
+def block_table_matrix(layout: BatchLayout, width: int, dtype=np.int64) -> np.ndarray:
+    """The decodes' block tables as one [decodes, width] matrix, padded with block 0."""
+    tables = np.zeros((layout.num_decodes, width), dtype=dtype)
+    for i in range(layout.num_decodes):
+        table = layout.block_tables[i][:width]
+        tables[i, :len(table)] = table
+    return tables
+
+
+def prefill_chunks(layout: BatchLayout, device: torch.device) -> list[PrefillChunk]:
+    """Per prefill chunk of the step: its cache slots (context and chunk) and causal mask."""
+    starts, chunks = layout.query_starts, []
+    for i in range(layout.num_decodes, layout.num_seqs):
+        ctx, n = int(layout.context_lens[i]), int(layout.query_lens[i])
+        slots = _to(layout.slots(i, 0, ctx + n), device) if ctx else None
+        mask = torch.ones(n, ctx + n, dtype=torch.bool, device=device).tril(diagonal=ctx) if ctx else None
+        chunks.append(PrefillChunk(int(starts[i]), n, ctx, slots, mask))
+    return chunks
+
+
 def _grouped_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
                   scale: float) -> torch.Tensor:
     """Attention of one sequence's queries q [n, H, Dh] over keys/values [KVH, L, Dh]: causal when
@@ -171,24 +185,44 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
-BACKENDS = ("torch", "triton", "auto")
+BACKENDS = ("torch", "cpu", "triton", "auto")
 
 
-def make_attention_backend(name: str, scale: float, device: str = "cpu") -> AttentionBackend:
-    """Registry of attention backends by name; "auto" is triton on CUDA when it imports, else torch."""
+def make_attention_backend(name: str, scale: float, device: str = "cpu",
+                           dtype: torch.dtype = torch.float32) -> AttentionBackend:
+    """Registry of attention backends by name. "auto": triton on CUDA when it imports; on the CPU the C
+    kernel's decode attention (cpu_attention.py) for fp32 caches where the library is built, else torch."""
+    on_cuda = str(device).startswith("cuda")
     if name == "auto":
-        name = "triton" if str(device).startswith("cuda") and _triton_available() else "torch"
+        if on_cuda:
+            name = "triton" if _triton_available() else "torch"
+        else:
+            name = "cpu" if dtype == torch.float32 and _cpu_library() is not None else "torch"
     if name == "torch":
         return TorchAttention(scale)
+    if name == "cpu":
+        if on_cuda or dtype != torch.float32:
+            raise ValueError(f"attention backend 'cpu' runs fp32 KV caches on the CPU, not {dtype} on {device!r}; "
+                             "use 'torch' or 'auto'")
+        if _cpu_library() is None:
+            raise ImportError("attention backend 'cpu' needs the CPU kernels, which were not built "
+                              "(reinstall with pip install -e .); use 'torch' or 'auto'")
+        from engine.cpu_attention import CpuPagedAttention
+        return CpuPagedAttention(scale, _cpu_library())
     if name == "triton":
         if not _triton_available():
             raise ImportError("attention backend 'triton' needs the triton package: pip install 'triton>=3.1'")
-        if not str(device).startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"attention backend 'triton' runs on CUDA, not {device!r} "
                              "(on CPU only under TRITON_INTERPRET=1, for tests); use 'torch' or 'auto'")
         from engine.triton_attention import TritonAttention  # lazy: triton is optional and slow to import
         return TritonAttention(scale)
     raise ValueError(f"unknown attention backend {name!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def _cpu_library():
+    from engine.cpu_kernels import load_library
+    return load_library()
 
 
 def _triton_available() -> bool:

@@ -46,7 +46,7 @@ class ModelRunner:
         c = self.config
         self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * block_size, c.num_kv_heads, c.head_dim,
                                     dtype=dtype, device=self.device)
-        self.attention = make_attention_backend(attention_backend, c.head_dim ** -0.5, self.device.type)
+        self.attention = make_attention_backend(attention_backend, c.head_dim ** -0.5, self.device.type, dtype)
         self.sampler = Sampler(seed)
 
     @property

@@ -1,8 +1,6 @@
 """Linear layers and embeddings on a GGUF's quantized weights, kept in GGUF's own block layout.
 
-The kernels are engine/csrc/qlinear.c, built by the install step into engine/_qlinear*.so and
-loaded with ctypes (no Python API, so nothing about torch at build time; ctypes drops the GIL
-during a call). A decode step streams every weight once: Q4_1's 0.625 bytes per weight instead of
+The kernels are engine/csrc/qlinear.c, in the library of engine/cpu_kernels.py. A decode step streams every weight once: Q4_1's 0.625 bytes per weight instead of
 fp32's 4 is what makes it faster, so the quantized kernel runs steps of up to `max_rows` rows. A
 larger step is compute-bound, and there an fp32 GEMM beats 8-bit dot products on AVX2; those steps
 dequantize each weight (a chunk at a time, into a reused buffer) and call torch's matmul, so no
@@ -16,17 +14,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import glob
-import importlib.machinery
-import importlib.util
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from engine.cpu_kernels import CpuLibrary, load_library
 
 log = logging.getLogger(__name__)
 
@@ -102,25 +98,21 @@ class QuantizedTensor:
 
 
 class QuantKernels:
-    """The C library: y = x @ W^T on quantized W, and dequantization of rows."""
+    """The library's quantized ops: y = x @ W^T on quantized W, and dequantization of rows."""
 
-    def __init__(self, lib: ctypes.CDLL, path: str, threads: int) -> None:
+    def __init__(self, library: CpuLibrary) -> None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.qlin_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
-        lib.qlin_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, i64]
-        lib.qlin_set_isa.argtypes = [ctypes.c_int]
-        self.lib, self.path = lib, path
-        self.avx2 = bool(lib.qlin_cpu_avx2())
-        self.threads = lib.qlin_init_threads(threads)
+        library.lib.qlin_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
+        library.lib.qlin_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, i64]
+        self.library, self.lib = library, library.lib
+        self.avx2, self.threads = library.avx2, library.threads
         self._scratch = threading.local()
 
     def park(self) -> None:
-        """Put the pool's spinning threads to sleep: torch's GEMM threads need the cores next."""
-        self.lib.qlin_park()
+        self.library.park()
 
     def set_isa(self, avx2: bool) -> bool:
-        """Force the portable scalar kernels (False) or the best the CPU has (True), for tests."""
-        return bool(self.lib.qlin_set_isa(int(avx2)))
+        return self.library.set_isa(avx2)
 
     def matmul_into(self, w: QuantizedTensor, x: torch.Tensor, out: torch.Tensor, col0: int = 0) -> None:
         """out[:, col0:col0 + w.rows] = x @ W^T; x: contiguous fp32 [n, w.cols], out: fp32 [n, *] rows contiguous."""
@@ -164,36 +156,16 @@ class QuantKernels:
             raise MemoryError(f"qlinear kernel failed ({rc})")
 
 
-def library_path() -> str | None:
-    """engine/_qlinear<suffix>.so: next to this file (build_ext --inplace, editable installs), or wherever
-    the import system would find engine._qlinear (it is located, never imported: it has no Python API)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        found = glob.glob(os.path.join(here, "_qlinear" + suffix))
-        if found:
-            return found[0]
-    spec = importlib.util.find_spec("engine._qlinear")
-    return spec.origin if spec is not None and spec.origin else None
-
-
 @functools.cache
 def load_kernels() -> QuantKernels | None:
     """The kernels, or None (logged once) where they were not built or the CPU cannot run them fast."""
-    path = library_path()
-    if path is None:
-        log.warning("quantized kernels not built (no engine/_qlinear*.so; reinstall with pip install -e .): "
-                    "GGUF weights are dequantized")
+    library = load_library()
+    if library is None:
         return None
-    try:
-        threads = int(os.environ.get("QLINEAR_THREADS", "0")) or torch.get_num_threads()
-        kernels = QuantKernels(ctypes.CDLL(path), path, threads)
-    except (OSError, AttributeError) as e:
-        log.warning("quantized kernels in %s did not load (%s): GGUF weights are dequantized", path, e)
-        return None
-    if not kernels.avx2:
+    if not library.avx2:
         log.warning("this CPU lacks AVX2/FMA/F16C: quantized kernels would run scalar code; with weights=auto "
                     "GGUF weights are dequantized")
-    return kernels
+    return QuantKernels(library)
 
 
 @dataclass

@@ -23,27 +23,13 @@ from engine import SamplingParams  # noqa: E402
 from engine.attention import TorchAttention, make_attention_backend  # noqa: E402
 from engine.batch_layout import BatchLayout  # noqa: E402
 from engine.triton_attention import TritonAttention  # noqa: E402
+from tests.attention_layouts import make_layout  # noqa: E402
 from tests.conftest import make_engine  # noqa: E402
 
 H, KVH = 4, 2
 # The kernels run either in the interpreter (CPU tensors) or compiled for the GPU, never both at once.
 DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="GPU present: kernels are compiled")),
            pytest.param("cuda", marks=pytest.mark.skipif(INTERPRET, reason="no GPU"))]
-
-
-def make_layout(context_lens: list[int], query_lens: list[int], num_decodes: int, block_size: int,
-                rng: np.random.Generator) -> tuple[BatchLayout, int]:
-    """Sequences with random, non-contiguous block ids drawn from one shuffled pool."""
-    needs = [-(-(c + q) // block_size) for c, q in zip(context_lens, query_lens)]
-    num_blocks = sum(needs) + 5
-    ids = rng.permutation(num_blocks)
-    tables, used = [], 0
-    for n in needs:
-        tables.append(ids[used:used + n].astype(np.int64))
-        used += n
-    layout = BatchLayout(num_decodes, np.array(query_lens, dtype=np.int64), np.array(context_lens, dtype=np.int64),
-                         tables, block_size)
-    return layout, num_blocks
 
 
 def run_both(layout: BatchLayout, num_blocks: int, head_dim: int, device: str, dtype: torch.dtype):
@@ -114,14 +100,14 @@ def test_mixed_batch_bf16(device):
 
 def test_registry():
     assert make_attention_backend("torch", 1.0, "cpu").name == "torch"
-    assert make_attention_backend("auto", 1.0, "cpu").name == "torch"
+    assert make_attention_backend("auto", 1.0, "cpu", torch.bfloat16).name == "torch"
     if INTERPRET:
         assert make_attention_backend("triton", 1.0, "cpu").name == "triton"
     else:
         assert make_attention_backend("auto", 1.0, "cuda").name == "triton"
         with pytest.raises(ValueError, match="runs on CUDA"):
             make_attention_backend("triton", 1.0, "cpu")
-    with pytest.raises(ValueError, match="expected one of torch, triton, auto"):
+    with pytest.raises(ValueError, match="expected one of torch, cpu, triton, auto"):
         make_attention_backend("flash", 1.0)
 
 

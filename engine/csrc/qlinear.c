@@ -10,24 +10,16 @@
  *
  * Plain C with no Python API, loaded with ctypes (which releases the GIL during a call). The AVX2
  * kernels are compiled per function (target attribute) and chosen at run time, with a portable
- * scalar version of each for other CPUs and as the reference in tests. Output rows are split over a
- * small persistent thread pool (its own pthreads, not OpenMP: a second OpenMP runtime next to
- * torch's would spin against it).
+ * scalar version of each for other CPUs and as the reference in tests. Output rows are split over the
+ * thread pool of thread_pool.c.
  */
+#include "isa.h"
+#include "thread_pool.h"
+
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define QL_X86 1
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline))
-#endif
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
 #define QK 32
@@ -505,187 +497,27 @@ AVX2 static void dot_avx2(int type, const uint8_t *w, const block_a16 *a, int64_
 }
 #endif /* QL_X86 */
 
-/* ---- dispatch: ISA ----------------------------------------------------------------------------- */
-
-static int g_isa = -1;  /* 0 scalar, 1 avx2; -1 not yet detected */
-
-static int cpu_has_avx2(void) {
-#ifdef QL_X86
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#else
-    return 0;
-#endif
-}
-
-/* 1 if the AVX2 kernels run on this CPU */
-int qlin_cpu_avx2(void) { return cpu_has_avx2(); }
-
-static int isa(void) {
-    if (g_isa < 0) g_isa = cpu_has_avx2();
-    return g_isa;
-}
-
-/* force the scalar kernels (0) or the best this CPU has (1); returns the ISA now in use */
-int qlin_set_isa(int want) {
-    g_isa = want && cpu_has_avx2();
-    return g_isa;
-}
+/* ---- dispatch: ISA (isa.c) -------------------------------------------------------------------- */
 
 static void quantize_a16(const float *x, block_a16 *y, int64_t nb) {
 #ifdef QL_X86
-    if (isa()) { quantize_a16_avx2(x, y, nb); return; }
+    if (use_avx2()) { quantize_a16_avx2(x, y, nb); return; }
 #endif
     quantize_a16_scalar(x, y, nb);
 }
 
 static void dequantize_row(int type, const uint8_t *w, float *y, int64_t cols) {
 #ifdef QL_X86
-    if (isa()) { dequantize_row_avx2(type, w, y, cols); return; }
+    if (use_avx2()) { dequantize_row_avx2(type, w, y, cols); return; }
 #endif
     dequantize_row_scalar(type, w, y, cols);
 }
 
 static void dot_rows(int type, const uint8_t *w, const block_a16 *a, int64_t nb32, int na, float *out) {
 #ifdef QL_X86
-    if (isa()) { dot_avx2(type, w, a, nb32, na, out); return; }
+    if (use_avx2()) { dot_avx2(type, w, a, nb32, na, out); return; }
 #endif
     for (int j = 0; j < na; j++) out[j] = dot_scalar(type, w, a + j * nb32, nb32);
-}
-
-/* ---- thread pool ------------------------------------------------------------------------------- */
-/* A job is cut into chunks that every thread, the caller included, claims one at a time: when a
- * worker is descheduled (2 cores shared with torch and other processes) the caller simply does its
- * share instead of spinning on it. A claim is a CAS on (generation << 32 | next chunk), so a worker
- * that wakes after its job ended can never take a chunk of the next one. */
-
-#define MAX_THREADS 64
-#define SPIN_ITERS 4000  /* ~100 us of pause before a worker sleeps: a step's matmuls come that close */
-
-typedef void (*task_fn)(void *arg, int64_t chunk, int64_t nchunks);
-
-static struct {
-    int nth;  /* threads including the caller; 0 until started */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    atomic_uint gen;         /* bumped to publish a job */
-    atomic_int park;         /* set: spinning workers go to sleep now (torch's threads want the cores) */
-    atomic_uint_fast64_t claim;  /* gen << 32 | next chunk */
-    atomic_int_fast64_t done;    /* chunks finished */
-    int64_t nchunks;
-    task_fn fn;
-    void *arg;
-} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-
-static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;  /* one job at a time uses the pool */
-
-static inline void cpu_relax(void) {
-#ifdef QL_X86
-    __builtin_ia32_pause();
-#endif
-}
-
-/* claim and run chunks of job `gen` until none is left */
-static void run_chunks(unsigned gen) {
-    const int64_t total = pool.nchunks;
-    uint_fast64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
-    for (;;) {
-        if ((unsigned)(c >> 32) != gen || (int64_t)(c & 0xffffffffu) >= total) return;
-        if (!atomic_compare_exchange_weak_explicit(&pool.claim, &c, c + 1, memory_order_acq_rel,
-                                                   memory_order_acquire))
-            continue;
-        pool.fn(pool.arg, (int64_t)(c & 0xffffffffu), total);
-        atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
-        c = atomic_load_explicit(&pool.claim, memory_order_acquire);
-    }
-}
-
-static void *worker(void *unused) {
-    (void)unused;
-    unsigned seen = atomic_load(&pool.gen);
-    for (;;) {
-        unsigned g;
-        int spins = 0;
-        while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen) {
-            if (++spins < SPIN_ITERS && !atomic_load_explicit(&pool.park, memory_order_relaxed)) {
-                cpu_relax();
-                continue;
-            }
-            pthread_mutex_lock(&pool.mu);
-            while (atomic_load(&pool.gen) == seen) pthread_cond_wait(&pool.cv, &pool.mu);
-            pthread_mutex_unlock(&pool.mu);
-        }
-        seen = g;
-        run_chunks(g);
-    }
-    return NULL;
-}
-
-/* a forked child has no workers: start again from one thread */
-static void after_fork_child(void) {
-    pool.nth = 0;
-    pthread_mutex_init(&pool.mu, NULL);
-    pthread_cond_init(&pool.cv, NULL);
-    pthread_mutex_init(&call_mu, NULL);
-}
-
-/* start the pool once with n threads (the caller is one of them); returns the pool's size */
-int qlin_init_threads(int n) {
-    pthread_mutex_lock(&call_mu);
-    if (pool.nth == 0) {
-        static int registered = 0;
-        if (!registered) registered = pthread_atfork(NULL, NULL, after_fork_child) == 0;
-        n = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
-        pool.nth = 1;
-        for (int i = 1; i < n; i++) {
-            pthread_t th;
-            if (pthread_create(&th, NULL, worker, NULL) != 0) break;
-            pthread_detach(th);
-            pool.nth = i + 1;
-        }
-    }
-    int nth = pool.nth;
-    pthread_mutex_unlock(&call_mu);
-    return nth;
-}
-
-/* send spinning workers to sleep at once: call before handing the cores to torch's own threads */
-void qlin_park(void) { atomic_store_explicit(&pool.park, 1, memory_order_relaxed); }
-
-/* run fn on chunks 0..nchunks-1, spread over the pool (the caller holds call_mu) */
-static void parallel(task_fn fn, void *arg, int64_t nchunks) {
-    if (pool.nth <= 1 || nchunks <= 1) {
-        for (int64_t i = 0; i < nchunks; i++) fn(arg, i, nchunks);
-        return;
-    }
-    unsigned gen = atomic_load(&pool.gen) + 1;
-    atomic_store_explicit(&pool.park, 0, memory_order_relaxed);
-    pool.fn = fn;
-    pool.arg = arg;
-    pool.nchunks = nchunks;
-    atomic_store(&pool.done, 0);
-    atomic_store_explicit(&pool.claim, (uint_fast64_t)gen << 32, memory_order_release);
-    pthread_mutex_lock(&pool.mu);
-    atomic_store_explicit(&pool.gen, gen, memory_order_release);
-    pthread_cond_broadcast(&pool.cv);
-    pthread_mutex_unlock(&pool.mu);
-    run_chunks(gen);
-    /* only chunks a worker claimed are left: wait, yielding the core if that worker is not running */
-    for (int spins = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < nchunks; spins++) {
-        if (spins < SPIN_ITERS) cpu_relax();
-        else sched_yield();
-    }
-}
-
-static void chunk_range(int64_t total, int64_t chunk, int64_t nchunks, int64_t *lo, int64_t *hi) {
-    *lo = total * chunk / nchunks;
-    *hi = total * (chunk + 1) / nchunks;
-}
-
-/* chunks for `total` units of work: ~`grain` units each, at least one per thread when it pays */
-static int64_t num_chunks(int64_t total, int64_t grain) {
-    int64_t n = total / grain;
-    return n < 1 ? 1 : n > total ? total : n;
 }
 
 /* ---- matmul ------------------------------------------------------------------------------------ */
@@ -741,14 +573,14 @@ int qlin_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, const fl
     if (!qlin_type_supported(type)) return -1;
     if (cols % block_elems(type) != 0) return -2;
     if (n <= 0 || rows <= 0) return 0;  /* e.g. an LM head in a step that samples nothing */
-    pthread_mutex_lock(&call_mu);
+    pool_lock();
     mm_job job = {type, w, rows, cols / block_elems(type) * block_bytes(type), cols / QK, n, ldy, x, NULL, y};
     job.a = scratch_a16(n * job.nb32);
-    if (!job.a) { pthread_mutex_unlock(&call_mu); return -3; }
-    parallel(quantize_task, &job, num_chunks(n, 16));
+    if (!job.a) { pool_unlock(); return -3; }
+    pool_parallel(quantize_task, &job, num_chunks(n, 16));
     /* chunks of ~16K weight-activation products (a few microseconds): below that the hand-off costs more */
-    parallel(matmul_task, &job, num_chunks(rows, 1 + (16384 - 1) / (n * cols)));
-    pthread_mutex_unlock(&call_mu);
+    pool_parallel(matmul_task, &job, num_chunks(rows, 1 + (16384 - 1) / (n * cols)));
+    pool_unlock();
     return 0;
 }
 
@@ -776,8 +608,8 @@ int qlin_dequantize(int type, const uint8_t *w, int64_t rows, int64_t cols, cons
     if (!qlin_type_supported(type)) return -1;
     if (cols % block_elems(type) != 0) return -2;
     dq_job job = {type, w, rows, cols / block_elems(type) * block_bytes(type), cols, ldy, ids, y};
-    pthread_mutex_lock(&call_mu);
-    parallel(dequantize_task, &job, num_chunks(rows, 1 + 65535 / cols));
-    pthread_mutex_unlock(&call_mu);
+    pool_lock();
+    pool_parallel(dequantize_task, &job, num_chunks(rows, 1 + 65535 / cols));
+    pool_unlock();
     return 0;
 }

@@ -1,0 +1,65 @@
+"""Decode attention read in place from the paged KV cache by the C kernel (engine/csrc/paged_attention.c).
+
+The torch backend gathers every decode's keys and values into a padded buffer for SDPA: each cached
+byte is read, written and read again, padded to the longest sequence. In a chat batch on the CPU
+those bytes outnumber the weights' (16 sequences of 500 tokens: 368 MB of SmolLM2's fp32 KV against
+96 MB of quantized weights), so the kernel reads each sequence's blocks where they lie instead.
+Prefill chunks stay on torch's SDPA (flash) kernel, where the gather is a small part of the work.
+fp32 caches only: elsewhere `auto` picks the torch backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention import TorchAttention, TorchAttentionMetadata, block_table_matrix, prefill_chunks
+from engine.batch_layout import BatchLayout
+from engine.cpu_kernels import CpuLibrary, load_library
+
+
+@dataclass
+class CpuAttentionMetadata(TorchAttentionMetadata):
+    decode_tables: torch.Tensor | None = None   # int32 [decodes, blocks]: each decode's block table, padded
+    decode_lens: torch.Tensor | None = None     # int32 [decodes]: keys each decode attends to
+    block_size: int = 0
+
+
+class CpuPagedAttention(TorchAttention):
+    """TorchAttention with the decodes on the C kernel."""
+
+    name = "cpu"
+
+    def __init__(self, scale: float, library: CpuLibrary) -> None:
+        super().__init__(scale)
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        library.lib.paged_decode_attention.argtypes = [ptr] * 6 + [i64] * 6 + [ctypes.c_float]
+        self.library = library
+
+    def prepare(self, layout: BatchLayout, device: torch.device) -> CpuAttentionMetadata:
+        d = layout.num_decodes
+        meta = CpuAttentionMetadata(torch.from_numpy(layout.slot_mapping()).to(torch.long), d, None, None,
+                                    prefill_chunks(layout, device))
+        if d:
+            lens = layout.seq_lens[:d]
+            width = -(-int(lens.max()) // layout.block_size)
+            meta.decode_tables = torch.from_numpy(block_table_matrix(layout, width, np.int32))
+            meta.decode_lens = torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int32))
+            meta.block_size = layout.block_size
+        return meta
+
+    def _decode(self, q, k_cache, v_cache, meta: CpuAttentionMetadata) -> torch.Tensor:
+        assert q.dtype == k_cache.dtype == torch.float32 and k_cache.is_contiguous() and v_cache.is_contiguous()
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        seqs, heads, head_dim = q.shape
+        rc = self.library.lib.paged_decode_attention(
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), meta.decode_tables.data_ptr(),
+            meta.decode_lens.data_ptr(), out.data_ptr(), seqs, heads, k_cache.shape[1], head_dim,
+            meta.block_size, meta.decode_tables.shape[1], self.scale)
+        if rc != 0:
+            raise RuntimeError(f"paged decode attention failed ({rc})")
+        return out

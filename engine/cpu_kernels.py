@@ -1,0 +1,73 @@
+"""The C library of CPU kernels: linear layers on GGUF's quantized weights (engine/csrc/qlinear.c) and
+paged decode attention (engine/csrc/paged_attention.c), sharing one thread pool (thread_pool.c).
+
+Built by the install step into engine/_cpu_kernels*.so and loaded with ctypes: no Python API, so
+nothing about torch at build time, and ctypes drops the GIL during a call. Optional: where it was
+not built or does not load, `load_library` says so once in the log and returns None, and callers
+fall back to torch (dequantized weights, gather-then-SDPA attention).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import importlib.machinery
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+NAME = "_cpu_kernels"
+
+
+@dataclass(frozen=True)
+class CpuLibrary:
+    lib: ctypes.CDLL
+    path: str
+    threads: int        # the pool's size, the caller included
+    avx2: bool          # the CPU runs the AVX2/FMA/F16C kernels (else they are portable scalar C)
+
+    def park(self) -> None:
+        """Put the pool's spinning threads to sleep: torch's own threads need the cores next."""
+        self.lib.qlin_park()
+
+    def set_isa(self, avx2: bool) -> bool:
+        """Force the portable scalar kernels (False) or the best the CPU has (True), for tests."""
+        return bool(self.lib.qlin_set_isa(int(avx2)))
+
+
+def library_path() -> str | None:
+    """engine/_cpu_kernels<suffix>.so next to this file (build_ext --inplace, editable installs), or
+    wherever the import system would find it (it is located, never imported: it has no Python API)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        found = glob.glob(os.path.join(here, NAME + suffix))
+        if found:
+            return found[0]
+    spec = importlib.util.find_spec(f"engine.{NAME}")
+    return spec.origin if spec is not None and spec.origin else None
+
+
+@functools.cache
+def load_library() -> CpuLibrary | None:
+    """The library with its thread pool started (QLINEAR_THREADS threads, default torch's count), or
+    None, logged once, where it was not built or did not load."""
+    path = library_path()
+    if path is None:
+        log.warning("CPU kernels not built (no engine/%s*.so; reinstall with pip install -e .): GGUF weights "
+                    "are dequantized and decode attention gathers the KV cache for SDPA", NAME)
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        lib.qlin_set_isa.argtypes = [ctypes.c_int]
+        threads = int(os.environ.get("QLINEAR_THREADS", "0")) or torch.get_num_threads()
+        return CpuLibrary(lib, path, lib.qlin_init_threads(threads), bool(lib.qlin_cpu_avx2()))
+    except (OSError, AttributeError) as e:
+        log.warning("CPU kernels in %s did not load (%s): GGUF weights are dequantized and decode attention "
+                    "gathers the KV cache for SDPA", path, e)
+        return None

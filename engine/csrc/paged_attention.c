@@ -1,0 +1,233 @@
+/* Decode attention read in place from a paged KV cache, in fp32.
+ *
+ * A decode step's attention reads every cached key and value of every running sequence once; for a
+ * chat batch that is more bytes than the model's quantized weights (16 sequences of 500 tokens:
+ * 368 MB of SmolLM2's fp32 KV against 96 MB of weights). Gathering them into a padded buffer for
+ * SDPA, as the torch backend does, reads them, writes them and reads them again, padded to the
+ * longest sequence. Here each (sequence, KV head) reads its keys and values where they lie, block
+ * by block: one pass for the scores of the query heads sharing that KV head, an exact softmax
+ * (max-subtracted, vectorized exp), one pass for the weighted values.
+ *
+ * Layout (the engine's): cache [slots, kv_heads, head_dim] per layer, slot = block * block_size +
+ * offset; q and out [seqs, heads, head_dim]; the query heads of KV head h are h * group ... + group.
+ */
+#include "isa.h"
+#include "thread_pool.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+typedef struct {
+    const float *q, *k_cache, *v_cache;
+    const int32_t *block_tables;  /* [seqs, max_blocks] */
+    const int32_t *seq_lens;      /* [seqs] keys each sequence attends to */
+    float *out;
+    int64_t seqs, heads, kv_heads, head_dim, block_size, max_blocks;
+    float scale;
+    atomic_int failed;  /* a thread could not get its scores buffer: the call fails */
+} attn_job;
+
+/* a per-thread buffer of scores: group x keys floats (each pool thread keeps its own) */
+static float *scores_buffer(int64_t floats) {
+    static __thread float *buf = NULL;
+    static __thread int64_t cap = 0;
+    if (floats > cap) {
+        float *grown = realloc(buf, (size_t)floats * sizeof(float));
+        if (!grown) return NULL;
+        buf = grown;
+        cap = floats;
+    }
+    return buf;
+}
+
+static inline int64_t row_of(const attn_job *j, const int32_t *table, int64_t t, int64_t kvh) {
+    int64_t slot = (int64_t)table[t / j->block_size] * j->block_size + t % j->block_size;
+    return (slot * j->kv_heads + kvh) * j->head_dim;
+}
+
+/* softmax of each of the group's score rows in place, unnormalized: inv_sum[g] = 1 / the row's sum */
+static void softmax_scalar(float *s, int64_t n, int64_t group, float *inv_sum) {
+    for (int64_t g = 0; g < group; g++, s += n) {
+        float m = -INFINITY, l = 0.f;
+        for (int64_t t = 0; t < n; t++) m = fmaxf(m, s[t]);
+        for (int64_t t = 0; t < n; t++) l += s[t] = expf(s[t] - m);
+        inv_sum[g] = 1.f / l;
+    }
+}
+
+static void attend_scalar(const attn_job *j, int64_t seq, int64_t kvh, float *s) {
+    const int64_t d = j->head_dim, group = j->heads / j->kv_heads, n = j->seq_lens[seq];
+    const int32_t *table = j->block_tables + seq * j->max_blocks;
+    const float *q = j->q + (seq * j->heads + kvh * group) * d;
+    float *out = j->out + (seq * j->heads + kvh * group) * d, inv_sum[64];
+    for (int64_t t = 0; t < n; t++) {
+        const float *k = j->k_cache + row_of(j, table, t, kvh);
+        for (int64_t g = 0; g < group; g++) {
+            float dot = 0.f;
+            for (int64_t i = 0; i < d; i++) dot += q[g * d + i] * k[i];
+            s[g * n + t] = dot * j->scale;
+        }
+    }
+    softmax_scalar(s, n, group, inv_sum);
+    for (int64_t i = 0; i < group * d; i++) out[i] = 0.f;
+    for (int64_t t = 0; t < n; t++) {
+        const float *v = j->v_cache + row_of(j, table, t, kvh);
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t i = 0; i < d; i++) out[g * d + i] += s[g * n + t] * v[i];
+    }
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t i = 0; i < d; i++) out[g * d + i] *= inv_sum[g];
+}
+
+#ifdef QL_X86
+
+/* e^x for x <= 0 (Cephes' expf: 2^n times a degree-5 polynomial, ~1 ulp); below -88 it is 0 */
+AVX2_INLINE static inline __m256 exp_ps(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+AVX2_INLINE static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2_INLINE static inline float hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* lane i = the sum of a[i]'s lanes */
+AVX2_INLINE static inline __m256 hsum8(const __m256 a[8]) {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+AVX2 static void softmax_avx2(float *s, int64_t n, int64_t group, float *inv_sum) {
+    for (int64_t g = 0; g < group; g++, s += n) {
+        int64_t t = 0;
+        __m256 mv = _mm256_set1_ps(-INFINITY);
+        for (; t + 8 <= n; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
+        float m = hmax(mv);
+        for (; t < n; t++) m = fmaxf(m, s[t]);
+        __m256 sum = _mm256_setzero_ps(), mb = _mm256_set1_ps(m);
+        for (t = 0; t + 8 <= n; t += 8) {
+            __m256 p = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + t), mb));
+            _mm256_storeu_ps(s + t, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        float l = hsum(sum);
+        for (; t < n; t++) l += s[t] = expf(s[t] - m);
+        inv_sum[g] = 1.f / l;
+    }
+}
+
+/* scores of keys t0..t0+7 for every query head of the group: eight keys at a time keep eight
+ * independent FMA chains and need one transposing reduction per eight scores */
+AVX2_INLINE static inline void scores8(const attn_job *j, const float *q, const float *const k[8], int64_t group,
+                                       int64_t n, int64_t t0, float *s) {
+    const __m256 scale = _mm256_set1_ps(j->scale);
+    for (int64_t g = 0; g < group; g++) {
+        __m256 acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < j->head_dim; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + g * j->head_dim + i);
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(k[r] + i), qv, acc[r]);
+        }
+        _mm256_storeu_ps(s + g * n + t0, _mm256_mul_ps(hsum8(acc), scale));
+    }
+}
+
+AVX2 static void attend_avx2(const attn_job *j, int64_t seq, int64_t kvh, float *s) {
+    const int64_t d = j->head_dim, group = j->heads / j->kv_heads, n = j->seq_lens[seq];
+    const int32_t *table = j->block_tables + seq * j->max_blocks;
+    const float *q = j->q + (seq * j->heads + kvh * group) * d;
+    float *out = j->out + (seq * j->heads + kvh * group) * d, inv_sum[64];
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const float *k[8];
+        for (int r = 0; r < 8; r++) k[r] = j->k_cache + row_of(j, table, t + r, kvh);
+        scores8(j, q, k, group, n, t, s);
+    }
+    for (; t < n; t++) {
+        const float *k = j->k_cache + row_of(j, table, t, kvh);
+        for (int64_t g = 0; g < group; g++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t i = 0; i < d; i += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(k + i), _mm256_loadu_ps(q + g * d + i), acc);
+            s[g * n + t] = hsum(acc) * j->scale;
+        }
+    }
+    softmax_avx2(s, n, group, inv_sum);
+    for (int64_t i = 0; i < group * d; i += 8) _mm256_storeu_ps(out + i, _mm256_setzero_ps());
+    /* the group's outputs (group x head_dim floats, in L1) gather every value row once */
+    for (t = 0; t < n; t++) {
+        const float *v = j->v_cache + row_of(j, table, t, kvh);
+        for (int64_t g = 0; g < group; g++) {
+            __m256 p = _mm256_broadcast_ss(s + g * n + t);
+            float *o = out + g * d;
+            for (int64_t i = 0; i < d; i += 8)
+                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        __m256 inv = _mm256_set1_ps(inv_sum[g]);
+        for (int64_t i = 0; i < d; i += 8)
+            _mm256_storeu_ps(out + g * d + i, _mm256_mul_ps(_mm256_loadu_ps(out + g * d + i), inv));
+    }
+}
+#endif /* QL_X86 */
+
+static void attend_task(void *p, int64_t chunk, int64_t nchunks) {
+    attn_job *j = p;
+    int64_t lo, hi;
+    chunk_range(j->seqs * j->kv_heads, chunk, nchunks, &lo, &hi);
+    for (int64_t item = lo; item < hi; item++) {
+        int64_t seq = item / j->kv_heads, kvh = item % j->kv_heads;
+        float *s = scores_buffer((j->heads / j->kv_heads) * (int64_t)j->seq_lens[seq]);
+        if (!s) {
+            atomic_store(&j->failed, 1);
+            return;
+        }
+#ifdef QL_X86
+        if (use_avx2() && j->head_dim % 8 == 0) { attend_avx2(j, seq, kvh, s); continue; }
+#endif
+        attend_scalar(j, seq, kvh, s);
+    }
+}
+
+/* out[s, h, :] = softmax(q[s, h, :] . K_s^T * scale) V_s for every decode sequence s, reading K_s and
+ * V_s (the first seq_lens[s] positions of its block table) from the paged caches.
+ * Returns 0, -1 for a group of more than 64 query heads per KV head or heads not a multiple of
+ * kv_heads, -2 for a sequence with no key, -3 out of memory. */
+int paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                           const int32_t *seq_lens, float *out, int64_t seqs, int64_t heads, int64_t kv_heads,
+                           int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale) {
+    if (kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > 64) return -1;
+    for (int64_t i = 0; i < seqs; i++)
+        if (seq_lens[i] <= 0) return -2;
+    attn_job job = {q, k_cache, v_cache, block_tables, seq_lens, out, seqs, heads, kv_heads, head_dim,
+                    block_size, max_blocks, scale, 0};
+    pool_lock();
+    pool_parallel(attend_task, &job, seqs * kv_heads);
+    pool_unlock();
+    return atomic_load(&job.failed) ? -3 : 0;
+}
