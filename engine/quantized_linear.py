@@ -104,6 +104,7 @@ class QuantKernels:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         library.lib.qlin_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
         library.lib.qlin_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, i64]
+        library.lib.qlin_set_panel_rows.argtypes = [ctypes.c_int]
         self.library, self.lib = library, library.lib
         self.avx2, self.threads = library.avx2, library.threads
         self._scratch = threading.local()
@@ -113,6 +114,11 @@ class QuantKernels:
 
     def set_isa(self, avx2: bool) -> bool:
         return self.library.set_isa(avx2)
+
+    def set_panel_rows(self, rows: int) -> None:
+        """Steps of at least `rows` rows take the fp32 panel path, fewer the 16-bit dot products (the
+        library's default is its measured crossover; tests force either path)."""
+        self.lib.qlin_set_panel_rows(rows)
 
     def matmul_into(self, w: QuantizedTensor, x: torch.Tensor, out: torch.Tensor, col0: int = 0) -> None:
         """out[:, col0:col0 + w.rows] = x @ W^T; x: contiguous fp32 [n, w.cols], out: fp32 [n, *] rows contiguous."""

