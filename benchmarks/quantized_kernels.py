@@ -8,10 +8,13 @@ same weights dequantized to fp32, side by side in one run:
              picks kernel or dequantize + fp32 GEMM per step) and weights=dense (fp32)
   prefill    tokens/s of --chunk-token prefill chunks (budget = chunk), both modes, and the quantized
              mode with every step forced onto the kernels (what the crossover avoids)
+  linear     GMAC/s of the model's linear layers (one layer's four and the LM head) at --linear-rows rows:
+             the kernels' 16-bit path, their fp32 panel path, and torch's fp32 matmul on the same weights
+             dequantized beforehand
   floor      weight bytes one decode step streams (every layer matrix and the LM head once) over the
              copy bandwidth: batch-1 decode time / floor says how close a step is to the memory limit
   memory     resident set of a fresh process right after it built an engine with the daemon's defaults
-             (a 512 MiB KV pool, resident from the start), per weights mode
+             (a 256 MiB KV pool, fp16 on the CPU kernels, resident from the start), per weights mode
   accuracy   every step on the kernels (the "kernels only" engine) against fp32: greedy agreement over the
              first 64 tokens of --agreement-prompts prompts (up to each prompt's first difference); perplexity of tests/data/pride_and_prejudice_ch1.txt; the
              largest logit difference from fp32 on that text, for the kernels (16-bit activations) and
@@ -42,7 +45,7 @@ import torch
 from bench_common import MachineInfo, add_contention_args, build_prompts, emit_summary, retry_contended
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.llm_engine import release_freed_memory
-from engine.quantized_linear import QuantizedLinear, best_time
+from engine.quantized_linear import PANEL_ROWS, QuantizedLinear, best_time
 from policies import Knobs
 from step_time import StepStats, measure_decode, measure_prefill
 
@@ -90,6 +93,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk = token budget (default 512)")
     p.add_argument("--prefill-requests", type=int, default=3,
                    help="prompts of 2 chunks prefilled; the first is a warm-up (default 3)")
+    p.add_argument("--linear-rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64],
+                   help="row counts of the linear-layer comparison (default 1 4 8 16 32 64)")
     p.add_argument("--bandwidth-mb", type=int, default=512, help="size of the copied tensor (default 512)")
     p.add_argument("--threads", type=int, default=None, help="torch and kernel threads (default: torch's)")
     p.add_argument("--agreement-prompts", type=int, default=20, help="prompts for greedy agreement (default 20)")
@@ -212,6 +217,37 @@ def fresh_rss_mib(weights: str) -> dict[str, float]:
     return {"rss": rss, "kv_pool": kv}
 
 
+def linear_paths(args: argparse.Namespace) -> list[dict]:
+    """GMAC/s of the model's linear layers (layer 0's fused QKV, O, fused gate/up and down, and the LM
+    head), per row count: the kernels' 16-bit path and fp32 panel path (each forced), and torch's fp32
+    matmul on the same weights already dequantized (no dequantization counted)."""
+    engine = build_engine(args, "quantized", 1 << 30)
+    model = engine.runner.model
+    layer = model.model.layers[0]
+    linears = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj,
+               model.lm_head]
+    kernels = engine.runner.quantized_path.kernels
+    rows_out = []
+    for n in args.linear_rows:
+        times = {"int16": 0.0, "panel": 0.0, "fp32": 0.0}
+        macs = 0
+        for linear in linears:
+            x = torch.randn(n, linear.in_features)
+            dense = torch.cat([kernels.dequantize(p) for p in linear.parts])
+            for path, rows in (("int16", 1 << 30), ("panel", 1)):
+                kernels.set_panel_rows(rows)
+                times[path] += best_time(lambda: linear.quantized(x), 5)
+            times["fp32"] += best_time(lambda: torch.matmul(x, dense.t()), 5)
+            macs += n * linear.in_features * linear.out_features
+        kernels.set_panel_rows(PANEL_ROWS)
+        rows_out.append({"rows": n} | {path: macs / t / 1e9 for path, t in times.items()})
+        print(f"linear layers, {n} rows: " + ", ".join(f"{k} {v:.1f}" for k, v in rows_out[-1].items() if k != "rows")
+              + " GMAC/s")
+    del engine
+    release_freed_memory()
+    return rows_out
+
+
 def print_table(bandwidth: Bandwidth, results: list[ModeResult]) -> None:
     print(f"\nbandwidth: copy {bandwidth.copy_gb_s:.1f} GB/s (read + write), read {bandwidth.read_gb_s:.1f} GB/s")
     print(f"\n{'mode':<26}{'step':<14}{'ctx':>6}{'wall ms':>9}{'fwd ms':>8}{'tok/s':>9}{'other cpu':>11}")
@@ -245,6 +281,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)                   # the kernels' pool takes torch's count at load
     bandwidth = retry_contended(lambda: measure_bandwidth(args.bandwidth_mb), args.wait_idle, args.max_other_cpu, 0,
                                 share=lambda _: 0.0)
+    linear = retry_contended(lambda: linear_paths(args), args.wait_idle, args.max_other_cpu, 0, share=lambda _: 0.0)
     quantized, _ = run_mode(args, "quantized", "quantized", None, decode=True)
     dense, d_out = run_mode(args, "dense", "dense", None, decode=True, evaluate=True)
     # accuracy on the kernels alone: with the crossover, long prompts would take the dense path
@@ -259,7 +296,7 @@ def main() -> None:
           f"perplexity {acc.perplexity_quantized:.4f} vs {acc.perplexity_dense:.4f}; largest logit difference "
           f"{acc.logit_dev_kernels:.4f} (kernels), {acc.logit_dev_8bit:.4f} (8-bit activations)")
     summary = {"machine": MachineInfo.collect().as_dict(), "threads": torch.get_num_threads(),
-               "bandwidth": asdict(bandwidth),
+               "bandwidth": asdict(bandwidth), "linear_gmac_s": linear,
                "floors": floors(bandwidth, results), "accuracy": asdict(acc), "rss_mib": rss,
                "results": [asdict(r) for r in results]}
     emit_summary(summary, args.json)

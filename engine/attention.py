@@ -86,8 +86,8 @@ class TorchAttention:
                                       prefill_chunks(layout, device))
 
     def attend(self, q, k, v, k_cache, v_cache, meta: TorchAttentionMetadata) -> torch.Tensor:
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+        k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
         d = meta.num_decodes
         if d == q.shape[0]:   # a pure decode step: no output buffer to assemble
             return self._decode(q, k_cache, v_cache, meta)
@@ -117,6 +117,7 @@ class TorchAttention:
         torch.index_select(k_cache.view(-1, head_dim), 0, meta.decode_rows, out=keys)
         torch.index_select(v_cache.view(-1, head_dim), 0, meta.decode_rows, out=values)
         shape = (num_seqs, kv_heads, width, head_dim)
+        keys, values = keys.to(q.dtype), values.to(q.dtype)   # a cache stored narrower than the model computes
         # the query heads sharing a KV head are that head's queries: [D, KVH, H / KVH, Dh]
         out = F.scaled_dot_product_attention(q.reshape(num_seqs, kv_heads, -1, head_dim), keys.view(shape),
                                              values.view(shape), attn_mask=meta.decode_bias, scale=self.scale)
@@ -131,8 +132,8 @@ class TorchAttention:
             chunk.bias = _additive(chunk.mask, q.dtype)
         shape = (kv_heads, chunk.context_len + chunk.query_len, head_dim)
         # the chunk's own keys were just written, so one gather from the cache covers context and chunk
-        keys = k_cache.view(-1, head_dim).index_select(0, chunk.rows).view(shape)
-        values = v_cache.view(-1, head_dim).index_select(0, chunk.rows).view(shape)
+        keys = k_cache.view(-1, head_dim).index_select(0, chunk.rows).view(shape).to(q.dtype)
+        values = v_cache.view(-1, head_dim).index_select(0, chunk.rows).view(shape).to(q.dtype)
         return _grouped_sdpa(q, keys, values, chunk.bias, self.scale)
 
 
@@ -191,7 +192,7 @@ BACKENDS = ("torch", "cpu", "triton", "auto")
 def make_attention_backend(name: str, scale: float, device: str = "cpu",
                            dtype: torch.dtype = torch.float32) -> AttentionBackend:
     """Registry of attention backends by name. "auto": triton on CUDA when it imports; on the CPU the C
-    kernel's decode attention (cpu_attention.py) for fp32 caches where the library is built, else torch."""
+    kernel's decode attention (cpu_attention.py) for an fp32 model where the library is built, else torch."""
     on_cuda = str(device).startswith("cuda")
     if name == "auto":
         if on_cuda:
@@ -202,7 +203,7 @@ def make_attention_backend(name: str, scale: float, device: str = "cpu",
         return TorchAttention(scale)
     if name == "cpu":
         if on_cuda or dtype != torch.float32:
-            raise ValueError(f"attention backend 'cpu' runs fp32 KV caches on the CPU, not {dtype} on {device!r}; "
+            raise ValueError(f"attention backend 'cpu' runs fp32 models on the CPU, not {dtype} on {device!r}; "
                              "use 'torch' or 'auto'")
         if _cpu_library() is None:
             raise ImportError("attention backend 'cpu' needs the CPU kernels, which were not built "

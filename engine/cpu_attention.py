@@ -5,7 +5,8 @@ byte is read, written and read again, padded to the longest sequence. In a chat 
 those bytes outnumber the weights' (16 sequences of 500 tokens: 368 MB of SmolLM2's fp32 KV against
 96 MB of quantized weights), so the kernel reads each sequence's blocks where they lie instead.
 Prefill chunks stay on torch's SDPA (flash) kernel, where the gather is a small part of the work.
-fp32 caches only: elsewhere `auto` picks the torch backend.
+For an fp32 model, with the cache in fp32 or fp16 (the engine's default here: half the bytes, see
+EngineConfig.kv_cache_dtype); a bf16 model takes the torch backend.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import torch
 from engine.attention import TorchAttention, TorchAttentionMetadata, block_table_matrix, prefill_chunks
 from engine.batch_layout import BatchLayout
 from engine.cpu_kernels import CpuLibrary, load_library
+
+
+KV_DTYPES = (torch.float32, torch.float16)   # what the kernel reads; it computes in fp32
 
 
 @dataclass
@@ -36,7 +40,7 @@ class CpuPagedAttention(TorchAttention):
     def __init__(self, scale: float, library: CpuLibrary) -> None:
         super().__init__(scale)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        library.lib.paged_decode_attention.argtypes = [ptr] * 6 + [i64] * 6 + [ctypes.c_float]
+        library.lib.paged_decode_attention.argtypes = [ptr] * 3 + [ctypes.c_int] + [ptr] * 3 + [i64] * 6 + [ctypes.c_float]
         self.library = library
 
     def prepare(self, layout: BatchLayout, device: torch.device) -> CpuAttentionMetadata:
@@ -52,12 +56,14 @@ class CpuPagedAttention(TorchAttention):
         return meta
 
     def _decode(self, q, k_cache, v_cache, meta: CpuAttentionMetadata) -> torch.Tensor:
-        assert q.dtype == k_cache.dtype == torch.float32 and k_cache.is_contiguous() and v_cache.is_contiguous()
+        assert q.dtype == torch.float32 and k_cache.dtype in KV_DTYPES and k_cache.dtype == v_cache.dtype
+        assert k_cache.is_contiguous() and v_cache.is_contiguous()
         q = q.contiguous()
         out = torch.empty_like(q)
         seqs, heads, head_dim = q.shape
         rc = self.library.lib.paged_decode_attention(
-            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), meta.decode_tables.data_ptr(),
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.float16),
+            meta.decode_tables.data_ptr(),
             meta.decode_lens.data_ptr(), out.data_ptr(), seqs, heads, k_cache.shape[1], head_dim,
             meta.block_size, meta.decode_tables.shape[1], self.scale)
         if rc != 0:

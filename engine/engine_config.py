@@ -9,13 +9,17 @@ import torch
 from policies import Knobs
 
 
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
 @dataclass
 class EngineConfig:
     model: str | None = None            # None: bundled SmolLM2; or a preset, .gguf file or HF directory
     dtype: str = "auto"                 # auto: bf16 where the CPU (AMX/AVX512-BF16) or GPU runs it fast
     device: str = "cpu"
     block_size: int = 16                # tokens per KV block
-    kv_cache_memory_mb: float = 512.0   # KV pool size, unless num_kv_blocks is given
+    kv_cache_memory_mb: float = 256.0   # KV pool size, unless num_kv_blocks is given
     num_kv_blocks: int | None = None
     max_model_len: int | None = None    # None: the model's own limit, capped at 8192
     policy: str = "sarathi"
@@ -30,16 +34,28 @@ class EngineConfig:
     # With 16-bit activations it keeps fp32's greedy tokens on the bundled model (tests/test_quantized_linear.py)
     weights: str = "auto"
     quantized_max_rows: int | None = None  # steps up to this many rows use the kernels; None: measure at start-up
+    # auto: fp16 for an fp32 model on the CPU where the CPU kernels' decode attention reads it (a decode
+    # step of a chat batch reads more KV bytes than weight bytes; llama.cpp's default too), else the
+    # model's dtype; or fp32, fp16, bf16. The arithmetic stays in the model's dtype.
+    kv_cache_dtype: str = "auto"
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
             return torch.bfloat16 if bf16_is_fast(self.device) else torch.float32
-        names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
-                 "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
-        if self.dtype not in names:
+        if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}: expected auto, bf16, fp16 or fp32")
-        return names[self.dtype]
+        return DTYPES[self.dtype]
 
+
+    def kv_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        if self.kv_cache_dtype == "auto":
+            from engine.cpu_kernels import load_library
+            cpu_kernel = (self.device == "cpu" and model_dtype == torch.float32
+                          and self.attention_backend in ("auto", "cpu") and load_library() is not None)
+            return torch.float16 if cpu_kernel else model_dtype
+        if self.kv_cache_dtype not in DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}: expected auto, fp32, fp16 or bf16")
+        return DTYPES[self.kv_cache_dtype]
 
     def weights_mode(self) -> str:
         """auto/dense/quantized as load_checkpoint takes it: the quantized kernels run on the CPU only."""

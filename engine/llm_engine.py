@@ -52,12 +52,13 @@ class LLMEngine:
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)))
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
         self.check_knobs(config.knobs)
-        num_blocks = config.num_kv_blocks or self._blocks_for_memory(dtype)
+        kv_dtype = config.kv_torch_dtype(dtype)
+        num_blocks = config.num_kv_blocks or self._blocks_for_memory(kv_dtype)
         pool = PrefixCachingBlockManager if config.enable_prefix_caching else BlockManager
         self.block_manager = pool(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs)
         self.runner = ModelRunner(checkpoint, dtype, config.device, num_blocks, config.block_size,
-                                  self.max_model_len, config.attention_backend, config.seed)
+                                  self.max_model_len, config.attention_backend, config.seed, kv_dtype)
         del checkpoint
         release_freed_memory()
         self.requests: dict[str, Request] = {}
@@ -68,11 +69,11 @@ class LLMEngine:
         self.arrival_listeners: list[Callable[[Request], None]] = []
         self.finish_listeners: list[Callable[[RequestRecord], None]] = []
         self.finished_by_reason: Counter[str] = Counter()
-        log.info("engine ready: %s, %s, %d KV blocks of %d tokens, max_model_len %d", mc.name, dtype,
-                 num_blocks, config.block_size, self.max_model_len)
+        log.info("engine ready: %s, %s, %d KV blocks of %d tokens in %s, max_model_len %d", mc.name, dtype,
+                 num_blocks, config.block_size, kv_dtype, self.max_model_len)
 
-    def _blocks_for_memory(self, dtype: torch.dtype) -> int:
-        bytes_per_block = self.model_config.kv_bytes_per_token * dtype.itemsize * self.config.block_size
+    def _blocks_for_memory(self, kv_dtype: torch.dtype) -> int:
+        bytes_per_block = self.model_config.kv_bytes_per_token * kv_dtype.itemsize * self.config.block_size
         return max(1, int(self.config.kv_cache_memory_mb * 2**20 // bytes_per_block))
 
     # -- requests --

@@ -37,7 +37,8 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype, device: str, num_blocks: int,
-                 block_size: int, max_model_len: int, attention_backend: str = "auto", seed: int = 0) -> None:
+                 block_size: int, max_model_len: int, attention_backend: str = "auto", seed: int = 0,
+                 kv_dtype: torch.dtype | None = None) -> None:
         self.config = checkpoint.config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -45,7 +46,7 @@ class ModelRunner:
         self.model, self.quantized_path = build_model(checkpoint, dtype, self.device, max_model_len)
         c = self.config
         self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * block_size, c.num_kv_heads, c.head_dim,
-                                    dtype=dtype, device=self.device)
+                                    dtype=kv_dtype or dtype, device=self.device)
         self.attention = make_attention_backend(attention_backend, c.head_dim ** -0.5, self.device.type, dtype)
         self.sampler = Sampler(seed)
 

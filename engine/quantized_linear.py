@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 QUANT_TYPES: dict[int, tuple[str, int, int]] = {
     2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
 SCRATCH_FLOATS = 1 << 22   # dense path: dequantize at most 16 MB of fp32 weights at a time
+PANEL_ROWS = 8             # the library's default: calls of this many rows or more take its fp32 panel path
 
 
 class UnsupportedQuantization(ValueError):
@@ -105,6 +106,7 @@ class QuantKernels:
         library.lib.qlin_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
         library.lib.qlin_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, i64]
         library.lib.qlin_set_panel_rows.argtypes = [ctypes.c_int]
+        library.lib.qlin_set_panel_rows(PANEL_ROWS)
         self.library, self.lib = library, library.lib
         self.avx2, self.threads = library.avx2, library.threads
         self._scratch = threading.local()
@@ -116,8 +118,8 @@ class QuantKernels:
         return self.library.set_isa(avx2)
 
     def set_panel_rows(self, rows: int) -> None:
-        """Steps of at least `rows` rows take the fp32 panel path, fewer the 16-bit dot products (the
-        library's default is its measured crossover; tests force either path)."""
+        """Steps of at least `rows` rows take the fp32 panel path, fewer the 16-bit dot products
+        (PANEL_ROWS by default, where the two cross on the 2-core AVX2 EPYC; tests force either path)."""
         self.lib.qlin_set_panel_rows(rows)
 
     def matmul_into(self, w: QuantizedTensor, x: torch.Tensor, out: torch.Tensor, col0: int = 0) -> None:

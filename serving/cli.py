@@ -86,7 +86,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-budget", type=int, default=None,
                    help="token budget per step (default 512): the deadline policy's cap; under a plain budget "
                    "policy a tuned daemon's cold start lowers it to what the cost model fits in the TBT SLO")
-    p.add_argument("--kv-cache-memory-mb", type=float, default=None, help="KV cache size in MiB (default 512)")
+    p.add_argument("--kv-cache-memory-mb", type=float, default=None, help="KV cache size in MiB (default 256)")
+    p.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp32", "fp16", "bf16"],
+                   help="how K/V are stored (default auto: fp16 for an fp32 model on the CPU kernels, else the model's)")
     p.add_argument("--max-waiting", type=int, default=None, help="queued requests beyond this get 429 (default 256)")
     p.add_argument("--api-key", default=None, help="key for /admin (default: AUTOTUNED_SERVE_API_KEY)")
     p.add_argument("--grace-s", type=float, default=None, help="on SIGTERM, how long in-flight requests may finish")
@@ -231,7 +233,7 @@ def run_serve(args: argparse.Namespace) -> None:
     from serving.settings import load_settings
 
     overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "weights", "device", "policy",
-                                               "kv_cache_memory_mb", "max_waiting", "api_key", "grace_s", "state_dir", "tune",
+                                               "kv_cache_memory_mb", "kv_cache_dtype", "max_waiting", "api_key", "grace_s", "state_dir", "tune",
                                                "slo_classes", "calibrate", "prefix_caching")}
     settings = load_settings(args.config, overrides)
     if args.token_budget:

@@ -20,7 +20,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     cal.add_argument("--weights", default="auto", choices=["auto", "quantized", "dense"], help=WEIGHTS_HELP)
     cal.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    cal.add_argument("--kv-cache-memory-mb", type=float, default=512.0, help="KV pool, as the daemon's (default 512)")
+    cal.add_argument("--kv-cache-memory-mb", type=float, default=256.0, help="KV pool, as the daemon's (default 256)")
     cal.add_argument("--points", type=int, default=120, help="grid points measured (default 120)")
     cal.add_argument("--repeats", type=int, default=3, help="timed runs per point; the median is kept (default 3)")
     cal.add_argument("--holdout", type=float, default=0.2, help="share of points kept out of the fit (default 0.2)")

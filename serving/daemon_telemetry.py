@@ -27,7 +27,8 @@ class DaemonTelemetry:
         dtype = engine.runner.dtype
         runner = engine.runner
         stored = runner.stored_linear_bytes() if runner.weights == "quantized" else None
-        self.window.cost = ModelCost(engine.model_config, dtype.itemsize, stored, runner.quantized_max_rows)
+        self.window.cost = ModelCost(engine.model_config, dtype.itemsize, stored, runner.quantized_max_rows,
+                                     runner.kv_cache.dtype.itemsize)
         self.window.peaks = (DevicePeaks(cfg.peak_flops, cfg.peak_bandwidth, "config")
                              if cfg.peak_flops and cfg.peak_bandwidth else probe_peaks(cfg.engine.device, dtype))
         engine.step_listeners += [self.window.on_step, self.metrics.on_step, lambda r: self._scheduler_changed(engine, r)]

@@ -29,7 +29,8 @@ class Settings:
     dtype: str = "auto"
     weights: str = "auto"               # auto/quantized: a GGUF's quantized weights stay as stored on the CPU; dense
     device: str = "cpu"
-    kv_cache_memory_mb: float = 512.0
+    kv_cache_memory_mb: float = 256.0
+    kv_cache_dtype: str = "auto"        # auto: fp16 for an fp32 model on the CPU kernels, else the model dtype
     num_kv_blocks: int | None = None
     block_size: int = 16
     max_model_len: int | None = None
@@ -56,6 +57,7 @@ class Settings:
         return EngineConfig(model=self.model, dtype=self.dtype, weights=self.weights, device=self.device,
                             block_size=self.block_size,
                             kv_cache_memory_mb=self.kv_cache_memory_mb, num_kv_blocks=self.num_kv_blocks,
+                            kv_cache_dtype=self.kv_cache_dtype,
                             max_model_len=self.max_model_len, policy=self.policy, knobs=self.knob_values(),
                             max_token_budget=self.max_token_budget, enable_prefix_caching=self.prefix_caching)
 
@@ -92,8 +94,9 @@ class Settings:
     def validate(self) -> "Settings":
         try:
             get_policy(self.policy)
-            self.engine_config().torch_dtype()
-            self.engine_config().weights_mode()
+            config = self.engine_config()
+            config.kv_torch_dtype(config.torch_dtype())
+            config.weights_mode()
         except ValueError as e:
             raise SettingsError(str(e)) from e
         self._check_device()

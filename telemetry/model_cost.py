@@ -16,6 +16,7 @@ class ModelCost:
     # and the steps (by rows) that run there; larger steps also stream the dequantized copy's bytes
     stored_weight_bytes: int | None = None
     kernel_max_rows: int = 0
+    kv_dtype_bytes: int | None = None   # the KV cache's element size where it differs from the model's (fp16 on CPU)
 
     @property
     def layer_matmul_params(self) -> int:
@@ -48,6 +49,6 @@ class ModelCost:
 
     def step_bytes(self, r: StepRecord) -> float:
         """Weights read once, cached K/V read for every attended token, new K/V written."""
-        kv_token = self.config.kv_bytes_per_token * self.dtype_bytes
+        kv_token = self.config.kv_bytes_per_token * (self.kv_dtype_bytes or self.dtype_bytes)
         tokens = r.num_prefill_tokens + r.num_decode_tokens
         return float(self.step_weight_bytes(tokens) + kv_token * (r.context_tokens + tokens))

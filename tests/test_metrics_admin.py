@@ -87,17 +87,18 @@ def test_admin_sets_knobs_and_policy_and_rejects_bad_ones(server):
     assert 'autotuned:policy_info{model_name="tiny",policy="adaptive"} 1.0' in text
 
 
-def flops_and_bytes(model: torch.nn.Module, config: ModelConfig, step: StepRecord) -> tuple[float, float]:
+def flops_and_bytes(model: torch.nn.Module, config: ModelConfig, step: StepRecord,
+                    kv_bytes: int = 4) -> tuple[float, float]:
     """One step's FLOPs and bytes counted from the engine's own modules: 2 FLOPs per weight of every
     decoder-layer linear per token, the LM head per sampled row, 2 x 2 x head_dim per head for each
     attended (query, key) pair (QK^T and PV); every weight read once, K and V of every attended and
-    new token read or written."""
+    new token read or written (kv_bytes per element: 2 for the CPU's default fp16 cache)."""
     layers = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
     head = model.lm_head.weight.numel()
     tokens = step.num_prefill_tokens + step.num_decode_tokens
     flops = 2 * tokens * layers + 2 * step.num_sampled * head + 4 * config.num_layers * config.num_heads \
         * config.head_dim * step.attended_pairs
-    kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4          # fp32
+    kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * kv_bytes
     return flops, (layers + head) * 4 + kv * (step.context_tokens + tokens)
 
 
@@ -109,7 +110,8 @@ def test_telemetry_window_summarises_recent_traffic(server):
     assert w["input_output_ratio"] == pytest.approx(3 / 6, rel=0.5)
     engine = server.engine
     assert STEPS and STEPS[0].start >= time.monotonic() - 120            # every step is in the window
-    counts = [flops_and_bytes(engine.runner.model, engine.model_config, s) for s in STEPS]
+    kv_bytes = engine.runner.kv_cache.element_size()
+    counts = [flops_and_bytes(engine.runner.model, engine.model_config, s, kv_bytes) for s in STEPS]
     assert w["mfu"] == pytest.approx(sum(f for f, _ in counts) / (120 * 1e12), rel=1e-9)
     assert w["mbu"] == pytest.approx(sum(b for _, b in counts) / (120 * 1e11), rel=1e-9)
 

