@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.batch_layout import BatchLayout
+from engine.cpu_kernels import fast_library, load_library
 
 
 class AttentionBackend(Protocol):
@@ -192,24 +193,24 @@ BACKENDS = ("torch", "cpu", "triton", "auto")
 def make_attention_backend(name: str, scale: float, device: str = "cpu",
                            dtype: torch.dtype = torch.float32) -> AttentionBackend:
     """Registry of attention backends by name. "auto": triton on CUDA when it imports; on the CPU the C
-    kernel's decode attention (cpu_attention.py) for an fp32 model where the library is built, else torch."""
+    kernel's decode attention (cpu_attention.py) for an fp32 model where its AVX2 code runs, else torch."""
     on_cuda = str(device).startswith("cuda")
     if name == "auto":
         if on_cuda:
             name = "triton" if _triton_available() else "torch"
         else:
-            name = "cpu" if dtype == torch.float32 and _cpu_library() is not None else "torch"
+            name = "cpu" if dtype == torch.float32 and fast_library() is not None else "torch"
     if name == "torch":
         return TorchAttention(scale)
     if name == "cpu":
         if on_cuda or dtype != torch.float32:
             raise ValueError(f"attention backend 'cpu' runs fp32 models on the CPU, not {dtype} on {device!r}; "
                              "use 'torch' or 'auto'")
-        if _cpu_library() is None:
+        if load_library() is None:
             raise ImportError("attention backend 'cpu' needs the CPU kernels, which were not built "
                               "(reinstall with pip install -e .); use 'torch' or 'auto'")
         from engine.cpu_attention import CpuPagedAttention
-        return CpuPagedAttention(scale, _cpu_library())
+        return CpuPagedAttention(scale, load_library())
     if name == "triton":
         if not _triton_available():
             raise ImportError("attention backend 'triton' needs the triton package: pip install 'triton>=3.1'")
@@ -219,11 +220,6 @@ def make_attention_backend(name: str, scale: float, device: str = "cpu",
         from engine.triton_attention import TritonAttention  # lazy: triton is optional and slow to import
         return TritonAttention(scale)
     raise ValueError(f"unknown attention backend {name!r}: expected one of {', '.join(BACKENDS)}")
-
-
-def _cpu_library():
-    from engine.cpu_kernels import load_library
-    return load_library()
 
 
 def _triton_available() -> bool:

@@ -71,3 +71,9 @@ def load_library() -> CpuLibrary | None:
         log.warning("CPU kernels in %s did not load (%s): GGUF weights are dequantized and decode attention "
                     "gathers the KV cache for SDPA", path, e)
         return None
+
+
+def fast_library() -> CpuLibrary | None:
+    """The library where its AVX2 code runs (what `auto` settings choose it on); None elsewhere."""
+    library = load_library()
+    return library if library is not None and library.avx2 else None

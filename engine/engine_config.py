@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.cpu_kernels import fast_library
 from policies import Knobs
 
 
@@ -46,12 +47,11 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}: expected auto, bf16, fp16 or fp32")
         return DTYPES[self.dtype]
 
-
     def kv_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV cache's element type for a model computing in `model_dtype`."""
         if self.kv_cache_dtype == "auto":
-            from engine.cpu_kernels import load_library
             cpu_kernel = (self.device == "cpu" and model_dtype == torch.float32
-                          and self.attention_backend in ("auto", "cpu") and load_library() is not None)
+                          and self.attention_backend in ("auto", "cpu") and fast_library() is not None)
             return torch.float16 if cpu_kernel else model_dtype
         if self.kv_cache_dtype not in DTYPES:
             raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}: expected auto, fp32, fp16 or bf16")

@@ -1,10 +1,12 @@
 """Linear layers and embeddings on a GGUF's quantized weights, kept in GGUF's own block layout.
 
-The kernels are engine/csrc/qlinear.c, in the library of engine/cpu_kernels.py. A decode step streams every weight once: Q4_1's 0.625 bytes per weight instead of
-fp32's 4 is what makes it faster, so the quantized kernel runs steps of up to `max_rows` rows. A
-larger step is compute-bound, and there an fp32 GEMM beats 8-bit dot products on AVX2; those steps
-dequantize each weight (a chunk at a time, into a reused buffer) and call torch's matmul, so no
-dense copy of the model is kept. `measure_crossover` picks `max_rows` on the machine.
+The kernels are engine/csrc/qlinear.c, in the library of engine/cpu_kernels.py. A decode step
+streams every weight once: Q4_1's 0.625 bytes per weight instead of fp32's 4 is what makes it
+faster, so the kernels run steps of up to `max_rows` rows (16-bit dot products below PANEL_ROWS
+rows, fp32 tiles on panels dequantized into L1 from there). A larger step may go faster on MKL's
+fp32 GEMM; those steps dequantize each weight (a chunk at a time, into a reused buffer) and call
+torch's matmul, so no dense copy of the model is kept. `measure_crossover` picks `max_rows` on the
+machine.
 
 Where the library was not built or the CPU lacks AVX2/FMA/F16C, `load_kernels` says so once in the
 log and the loader falls back to dequantized weights.

@@ -1,6 +1,7 @@
-/* fp32 dot-product tiles (see gemm_tile.h). Three activation rows by three weight rows: nine
- * accumulators, so nine independent FMA chains hide the FMA latency (~5 cycles at two a cycle), and
- * six loads feed nine FMAs, within the two loads a cycle of the cores this runs on. */
+/* fp32 dot-product tiles (see gemm_tile.h). Four activation rows by three weight rows: twelve
+ * accumulators, so twelve independent FMA chains cover the FMA latency (~5 cycles at two a cycle:
+ * ten in flight), and seven loads feed twelve FMAs, within the two loads a cycle of these cores;
+ * with the three weight vectors and one activation vector that is all sixteen AVX2 registers. */
 #include "gemm_tile.h"
 
 #include "isa.h"
@@ -11,7 +12,7 @@ static void tile_scalar(const float *x, int64_t ldx, int na, const float *w, int
         for (int r = 0; r < nw; r++) {
             float acc = 0.f;
             for (int64_t k = 0; k < len; k++) acc += x[a * ldx + k] * w[r * ldw + k];
-            out[a * TILE + r] = acc;
+            out[a * TILE_W + r] = acc;
         }
 }
 
@@ -26,11 +27,11 @@ AVX2_INLINE static inline float hsum(__m256 v) {
 /* na and nw are constants where this is inlined, so the loops unroll and the tile stays in registers */
 AVX2_INLINE static inline void tile_avx2(const float *x, int64_t ldx, int na, const float *w, int64_t ldw, int nw,
                                          int64_t len, float *out) {
-    __m256 acc[TILE][TILE];
+    __m256 acc[TILE_A][TILE_W];
     for (int a = 0; a < na; a++)
         for (int r = 0; r < nw; r++) acc[a][r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < len; k += 8) {
-        __m256 wv[TILE];
+        __m256 wv[TILE_W];
         for (int r = 0; r < nw; r++) wv[r] = _mm256_loadu_ps(w + r * ldw + k);
         for (int a = 0; a < na; a++) {
             __m256 xv = _mm256_loadu_ps(x + a * ldx + k);
@@ -38,7 +39,7 @@ AVX2_INLINE static inline void tile_avx2(const float *x, int64_t ldx, int na, co
         }
     }
     for (int a = 0; a < na; a++)
-        for (int r = 0; r < nw; r++) out[a * TILE + r] = hsum(acc[a][r]);
+        for (int r = 0; r < nw; r++) out[a * TILE_W + r] = hsum(acc[a][r]);
 }
 
 #define TILE_CASE(NA, NW) \
@@ -50,6 +51,7 @@ AVX2 static void tile_dispatch(const float *x, int64_t ldx, int na, const float 
     TILE_CASE(1, 1) TILE_CASE(1, 2) TILE_CASE(1, 3)
     TILE_CASE(2, 1) TILE_CASE(2, 2) TILE_CASE(2, 3)
     TILE_CASE(3, 1) TILE_CASE(3, 2) TILE_CASE(3, 3)
+    TILE_CASE(4, 1) TILE_CASE(4, 2) TILE_CASE(4, 3)
     }
 }
 #endif

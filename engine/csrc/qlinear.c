@@ -558,7 +558,7 @@ static block_a16 *scratch_a16(int64_t blocks) {
 /* ---- panel path: fp32 tiles on weights dequantized a panel at a time --------------------------- */
 /* From a few activation rows on, the 16-bit dot products cost more than dequantizing: each weight
  * block is unpacked once per four rows there, and every row's block sum is converted and scaled.
- * The panel path dequantizes TILE weight rows (up to PANEL_COLS columns) into an L1 buffer, once
+ * The panel path dequantizes TILE_W weight rows (up to PANEL_COLS columns) into an L1 buffer, once
  * for all activation rows, and multiplies them in fp32 tiles: exact fp32 products, as the dense
  * path's, without writing a dense copy of the matrix to memory. */
 #define PANEL_COLS 1024  /* a multiple of every type's block (256 for the K-quants) */
@@ -575,7 +575,7 @@ static void panel_store(mm_job *j, int64_t a0, int na, int64_t r0, int nw, int f
     for (int a = 0; a < na; a++)
         for (int r = 0; r < nw; r++) {
             float *y = j->y + (a0 + a) * j->ldy + r0 + r;
-            *y = first ? out[a * TILE + r] : *y + out[a * TILE + r];
+            *y = first ? out[a * TILE_W + r] : *y + out[a * TILE_W + r];
         }
 }
 
@@ -583,17 +583,17 @@ static void panel_task(void *p, int64_t chunk, int64_t nchunks) {
     mm_job *j = p;
     const int64_t cols = j->nb32 * QK, step = panel_cols(cols);
     const int64_t be = block_elems(j->type), bb = block_bytes(j->type);
-    float panel[TILE * PANEL_COLS], out[TILE * TILE];
+    float panel[TILE_W * PANEL_COLS], out[TILE_A * TILE_W];
     int64_t lo, hi;
-    chunk_range((j->rows + TILE - 1) / TILE, chunk, nchunks, &lo, &hi);
-    for (int64_t r0 = lo * TILE; r0 < hi * TILE && r0 < j->rows; r0 += TILE) {
-        const int nw = j->rows - r0 < TILE ? (int)(j->rows - r0) : TILE;
+    chunk_range((j->rows + TILE_W - 1) / TILE_W, chunk, nchunks, &lo, &hi);
+    for (int64_t r0 = lo * TILE_W; r0 < hi * TILE_W && r0 < j->rows; r0 += TILE_W) {
+        const int nw = j->rows - r0 < TILE_W ? (int)(j->rows - r0) : TILE_W;
         for (int64_t c0 = 0; c0 < cols; c0 += step) {
             const int64_t len = cols - c0 < step ? cols - c0 : step;
             for (int r = 0; r < nw; r++)
                 dequantize_row(j->type, j->w + (r0 + r) * j->row_bytes + c0 / be * bb, panel + r * step, len);
-            for (int64_t a0 = 0; a0 < j->n; a0 += TILE) {
-                const int na = j->n - a0 < TILE ? (int)(j->n - a0) : TILE;
+            for (int64_t a0 = 0; a0 < j->n; a0 += TILE_A) {
+                const int na = j->n - a0 < TILE_A ? (int)(j->n - a0) : TILE_A;
                 gemm_tile(j->x + a0 * cols + c0, cols, na, panel, step, nw, len, out);
                 panel_store(j, a0, na, r0, nw, c0 == 0, out);
             }
@@ -613,7 +613,7 @@ int qlin_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, const fl
     pool_lock();
     if (n >= g_panel_rows) {
         /* panels of ~64K products each: a few microseconds, well above the cost of a hand-off */
-        pool_parallel(panel_task, &job, num_chunks((rows + TILE - 1) / TILE, 1 + 65535 / (n * cols * TILE)));
+        pool_parallel(panel_task, &job, num_chunks((rows + TILE_W - 1) / TILE_W, 1 + 65535 / (n * cols * TILE_W)));
         pool_unlock();
         return 0;
     }
