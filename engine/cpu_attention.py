@@ -19,7 +19,7 @@ import torch
 
 from engine.attention import TorchAttention, TorchAttentionMetadata, block_table_matrix, prefill_chunks
 from engine.batch_layout import BatchLayout
-from engine.cpu_kernels import CpuLibrary, load_library
+from engine.cpu_kernels import CpuLibrary
 
 
 KV_DTYPES = (torch.float32, torch.float16)   # what the kernel reads; it computes in fp32

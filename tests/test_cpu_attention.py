@@ -6,12 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine import SamplingParams
 from engine.attention import TorchAttention, make_attention_backend
 from engine.engine_config import EngineConfig
 from engine.cpu_kernels import load_library
-from tests.attention_layouts import make_layout
-from tests.conftest import make_engine
+from tests.attention_layouts import greedy_tokens_by_backend, make_layout
 
 LIBRARY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason="CPU kernels not built")
@@ -91,16 +89,8 @@ def test_engine_greedy_tokens_match_torch(tiny_hf):
     same fp16 cache under both backends."""
     path, _ = tiny_hf
     prompts = [[5, 17, 42, 99, 7, 3, 250, 11, 64, 8, 19], [9, 8, 7], [100, 200] * 20]
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     results = {}
     for backend in ("torch", "cpu"):
-        engine = make_engine(path, token_budget=8, attention_backend=backend, kv_cache_dtype="fp16")
-        assert engine.runner.attention.name == backend and engine.runner.kv_cache.dtype == torch.float16
-        ids = [engine.add_request(p, params) for p in prompts]
-        done = {}
-        while engine.has_unfinished():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = out.token_ids
-        results[backend] = [done[i] for i in ids]
+        results[backend], engine = greedy_tokens_by_backend(path, backend, prompts, 12, kv_cache_dtype="fp16")
+        assert engine.runner.kv_cache.dtype == torch.float16
     assert results["cpu"] == results["torch"]

@@ -19,12 +19,10 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from engine import SamplingParams  # noqa: E402
 from engine.attention import TorchAttention, make_attention_backend  # noqa: E402
 from engine.batch_layout import BatchLayout  # noqa: E402
 from engine.triton_attention import TritonAttention  # noqa: E402
-from tests.attention_layouts import make_layout  # noqa: E402
-from tests.conftest import make_engine  # noqa: E402
+from tests.attention_layouts import greedy_tokens_by_backend, make_layout  # noqa: E402
 
 H, KVH = 4, 2
 # The kernels run either in the interpreter (CPU tensors) or compiled for the GPU, never both at once.
@@ -116,16 +114,6 @@ def test_engine_greedy_tokens_match_torch(tiny_hf, device):
     """Mixed steps (a budget of 8 chunks prompts beside running decodes) give the same greedy tokens."""
     path, _ = tiny_hf
     prompts = [[5, 17, 42, 99, 7, 3, 250, 11, 64, 8, 19], [9, 8, 7], [100, 200]]
-    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-    results = {}
-    for backend in ("torch", "triton"):
-        engine = make_engine(path, token_budget=8, attention_backend=backend, device=device)
-        assert engine.runner.attention.name == backend
-        ids = [engine.add_request(p, params) for p in prompts]
-        done = {}
-        while engine.has_unfinished():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = out.token_ids
-        results[backend] = [done[i] for i in ids]
+    results = {backend: greedy_tokens_by_backend(path, backend, prompts, 5, device=device)[0]
+               for backend in ("torch", "triton")}
     assert results["triton"] == results["torch"]

@@ -17,13 +17,6 @@ static void tile_scalar(const float *x, int64_t ldx, int na, const float *w, int
 }
 
 #ifdef QL_X86
-AVX2_INLINE static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* na and nw are constants where this is inlined, so the loops unroll and the tile stays in registers */
 AVX2_INLINE static inline void tile_avx2(const float *x, int64_t ldx, int na, const float *w, int64_t ldw, int nw,
                                          int64_t len, float *out) {
@@ -39,7 +32,7 @@ AVX2_INLINE static inline void tile_avx2(const float *x, int64_t ldx, int na, co
         }
     }
     for (int a = 0; a < na; a++)
-        for (int r = 0; r < nw; r++) out[a * TILE_W + r] = hsum(acc[a][r]);
+        for (int r = 0; r < nw; r++) out[a * TILE_W + r] = hsum_ps(acc[a][r]);
 }
 
 #define TILE_CASE(NA, NW) \

@@ -8,6 +8,21 @@
 #define QL_X86 1
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline))
+
+/* the sum and the largest of a vector's eight lanes */
+AVX2_INLINE static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2_INLINE static inline float hmax_ps(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 #endif
 
 /* 1 while the AVX2 kernels are in use */

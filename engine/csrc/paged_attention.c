@@ -110,20 +110,6 @@ AVX2_INLINE static inline __m256 exp_ps(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-AVX2_INLINE static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-AVX2_INLINE static inline float hmax(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* lane i = the sum of a[i]'s lanes */
 AVX2_INLINE static inline __m256 hsum8(const __m256 a[8]) {
     __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -136,7 +122,7 @@ AVX2 static void softmax_avx2(float *s, int64_t n, int64_t group, float *inv_sum
         int64_t t = 0;
         __m256 mv = _mm256_set1_ps(-INFINITY);
         for (; t + 8 <= n; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
-        float m = hmax(mv);
+        float m = hmax_ps(mv);
         for (; t < n; t++) m = fmaxf(m, s[t]);
         __m256 sum = _mm256_setzero_ps(), mb = _mm256_set1_ps(m);
         for (t = 0; t + 8 <= n; t += 8) {
@@ -144,7 +130,7 @@ AVX2 static void softmax_avx2(float *s, int64_t n, int64_t group, float *inv_sum
             _mm256_storeu_ps(s + t, p);
             sum = _mm256_add_ps(sum, p);
         }
-        float l = hsum(sum);
+        float l = hsum_ps(sum);
         for (; t < n; t++) l += s[t] = expf(s[t] - m);
         inv_sum[g] = 1.f / l;
     }
@@ -189,7 +175,7 @@ AVX2_INLINE static inline void attend_avx2_as(const attn_job *j, int64_t seq, in
             __m256 acc = _mm256_setzero_ps();
             for (int64_t i = 0; i < d; i += 8)
                 acc = _mm256_fmadd_ps(load8(j->k_cache, k, i, fp16), _mm256_loadu_ps(q + g * d + i), acc);
-            s[g * n + t] = hsum(acc) * j->scale;
+            s[g * n + t] = hsum_ps(acc) * j->scale;
         }
     }
     softmax_avx2(s, n, group, inv_sum);
