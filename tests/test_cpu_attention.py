@@ -67,6 +67,10 @@ def test_mixed_step_matches_torch(isa, kv_dtype):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
+NEEDS_AVX2 = pytest.mark.skipif(LIBRARY is None or not LIBRARY.avx2, reason="auto picks the kernel only where AVX2 runs")
+
+
+@NEEDS_AVX2
 def test_registry_chooses_the_kernel_for_fp32_on_the_cpu():
     assert make_attention_backend("auto", 1.0, "cpu").name == "cpu"
     assert make_attention_backend("auto", 1.0, "cpu", torch.bfloat16).name == "torch"
@@ -74,6 +78,7 @@ def test_registry_chooses_the_kernel_for_fp32_on_the_cpu():
         make_attention_backend("cpu", 1.0, "cpu", torch.bfloat16)
 
 
+@NEEDS_AVX2
 def test_kv_cache_dtype_auto_is_fp16_under_the_kernel_only():
     config = EngineConfig()
     assert config.kv_torch_dtype(torch.float32) == torch.float16
