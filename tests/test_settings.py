@@ -24,6 +24,7 @@ def test_default_config_file_loads():
     s = load_settings("configs/default.yaml", {"port": 9000, "policy": None})
     assert s.port == 9000 and s.policy == "deadline" and s.knob_values().token_budget == 2048
     assert s.slo_values().tbt_s == 0.25
+    assert s.engine_config().kv_cache_dtype == "auto" and s.engine_config().kv_cache_memory_mb == 256
 
 
 @pytest.mark.parametrize("text,match", [
@@ -34,6 +35,7 @@ def test_default_config_file_loads():
     ("knobs: {budget: 10}", "knobs: "),
     ("policy: lifo", "unknown policy 'lifo'"),
     ("weights: int3", "unknown weights 'int3': expected auto, dense or quantized"),
+    ("kv_cache_dtype: int4", "unknown kv_cache_dtype 'int4': expected auto, fp32, fp16 or bf16"),
     ("[1, 2]", "expected a mapping"),
     ("port: [", "not valid YAML"),
 ])
