@@ -263,7 +263,8 @@ def test_each_weights_path_follows_its_own_live_speed():
     base = CostModel.load(SHIPPED_COST_MODEL.parent / "smollm2-135m-instruct-fp32-quantized-cpu.json")
     assert base.kernel_max_rows >= 4
     online = LiveCostModel(base)
-    decode, mixed = StepShape(0, 4, 4, 800, 800, 4), StepShape(60, 4, 4, 900, 2600, 5)
+    # a decode on the kernels; a mixed step just past the calibrated crossover, on the dense path
+    decode, mixed = StepShape(0, 4, 4, 800, 800, 4), StepShape(base.kernel_max_rows, 4, 4, 900, 2600, 5)
     for i in range(MIN_LIVE_STEPS):
         shape, factor = (mixed, 1.3) if i % 4 == 0 else (decode, 0.9)
         online.on_step(StepRecord(i, float(i), factor * base.predict(shape), shape.num_prefill_tokens,
