@@ -6,7 +6,9 @@
  * and changed greedy tokens within a few steps, 16-bit ones by 0.01. It costs little: an AVX2 8-bit
  * dot product takes two multiplies per 32 values (maddubs, then madd to widen), and a 16-bit one
  * takes two madd_epi16 as well. Every block's integer sum is scaled and accumulated in fp32. Decode
- * steps are memory-bound, and these weights are 4.5-8.5 bits instead of fp32's 32.
+ * steps are memory-bound, and these weights are 4.5-8.5 bits instead of fp32's 32. From a few rows
+ * on, a second path dequantizes panels of weight rows into L1 and multiplies them in fp32 tiles
+ * (the panel path, below).
  *
  * Plain C with no Python API, loaded with ctypes (which releases the GIL during a call). The AVX2
  * kernels are compiled per function (target attribute) and chosen at run time, with a portable
