@@ -206,11 +206,12 @@ def make_attention_backend(name: str, scale: float, device: str = "cpu",
         if on_cuda or dtype != torch.float32:
             raise ValueError(f"attention backend 'cpu' runs fp32 models on the CPU, not {dtype} on {device!r}; "
                              "use 'torch' or 'auto'")
-        if load_library() is None:
+        library = load_library()
+        if library is None:
             raise ImportError("attention backend 'cpu' needs the CPU kernels, which were not built "
                               "(reinstall with pip install -e .); use 'torch' or 'auto'")
         from engine.cpu_attention import CpuPagedAttention
-        return CpuPagedAttention(scale, load_library())
+        return CpuPagedAttention(scale, library)
     if name == "triton":
         if not _triton_available():
             raise ImportError("attention backend 'triton' needs the triton package: pip install 'triton>=3.1'")

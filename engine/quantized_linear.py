@@ -110,8 +110,15 @@ class QuantKernels:
         library.lib.qlin_set_panel_rows.argtypes = [ctypes.c_int]
         library.lib.qlin_set_panel_rows(PANEL_ROWS)
         self.library, self.lib = library, library.lib
-        self.avx2, self.threads = library.avx2, library.threads
         self._scratch = threading.local()
+
+    @property
+    def avx2(self) -> bool:
+        return self.library.avx2
+
+    @property
+    def threads(self) -> int:
+        return self.library.threads
 
     def park(self) -> None:
         self.library.park()

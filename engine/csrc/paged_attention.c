@@ -31,25 +31,30 @@ typedef struct {
     int64_t seqs, heads, kv_heads, head_dim, block_size, max_blocks;
     float scale;
     int kv_fp16;
-    atomic_int failed;  /* a thread could not get its scores buffer: the call fails */
+    atomic_int failed;  /* a thread could not get its work buffer: the call fails */
 } attn_job;
 
-/* a per-thread buffer of scores: group x keys floats (each pool thread keeps its own) */
-static float *scores_buffer(int64_t floats) {
-    static __thread float *buf = NULL;
+/* a per-thread work buffer (each pool thread keeps its own), grown to at least `bytes` */
+static char *work_buffer(int64_t bytes) {
+    static __thread char *buf = NULL;
     static __thread int64_t cap = 0;
-    if (floats > cap) {
-        float *grown = realloc(buf, (size_t)floats * sizeof(float));
+    if (bytes > cap) {
+        char *grown = realloc(buf, (size_t)bytes);
         if (!grown) return NULL;
         buf = grown;
-        cap = floats;
+        cap = bytes;
     }
     return buf;
 }
 
-static inline int64_t row_of(const attn_job *j, const int32_t *table, int64_t t, int64_t kvh) {
-    int64_t slot = (int64_t)table[t / j->block_size] * j->block_size + t % j->block_size;
-    return (slot * j->kv_heads + kvh) * j->head_dim;
+/* the cache row (element offset) of each of the n keys, walking the block table once: both the
+ * key pass and the value pass read them, and no key pays a division */
+static void key_rows(const attn_job *j, const int32_t *table, int64_t n, int64_t kvh, int64_t *rows) {
+    for (int64_t t0 = 0, b = 0; t0 < n; t0 += j->block_size, b++) {
+        const int64_t slot = (int64_t)table[b] * j->block_size;
+        const int64_t end = n - t0 < j->block_size ? n - t0 : j->block_size;
+        for (int64_t i = 0; i < end; i++) rows[t0 + i] = ((slot + i) * j->kv_heads + kvh) * j->head_dim;
+    }
 }
 
 /* softmax of each of the group's score rows in place, unnormalized: inv_sum[g] = 1 / the row's sum */
@@ -67,13 +72,12 @@ static inline float cache_at(const attn_job *j, const void *cache, int64_t row, 
     return j->kv_fp16 ? half_to_float(((const uint16_t *)cache)[row + i]) : ((const float *)cache)[row + i];
 }
 
-static void attend_scalar(const attn_job *j, int64_t seq, int64_t kvh, float *s) {
+static void attend_scalar(const attn_job *j, int64_t seq, int64_t kvh, const int64_t *rows, float *s) {
     const int64_t d = j->head_dim, group = j->heads / j->kv_heads, n = j->seq_lens[seq];
-    const int32_t *table = j->block_tables + seq * j->max_blocks;
     const float *q = j->q + (seq * j->heads + kvh * group) * d;
     float *out = j->out + (seq * j->heads + kvh * group) * d, inv_sum[64];
     for (int64_t t = 0; t < n; t++) {
-        const int64_t k = row_of(j, table, t, kvh);
+        const int64_t k = rows[t];
         for (int64_t g = 0; g < group; g++) {
             float dot = 0.f;
             for (int64_t i = 0; i < d; i++) dot += q[g * d + i] * cache_at(j, j->k_cache, k, i);
@@ -83,7 +87,7 @@ static void attend_scalar(const attn_job *j, int64_t seq, int64_t kvh, float *s)
     softmax_scalar(s, n, group, inv_sum);
     for (int64_t i = 0; i < group * d; i++) out[i] = 0.f;
     for (int64_t t = 0; t < n; t++) {
-        const int64_t v = row_of(j, table, t, kvh);
+        const int64_t v = rows[t];
         for (int64_t g = 0; g < group; g++)
             for (int64_t i = 0; i < d; i++) out[g * d + i] += s[g * n + t] * cache_at(j, j->v_cache, v, i);
     }
@@ -158,19 +162,19 @@ AVX2_INLINE static inline void scores8(const attn_job *j, const float *q, const 
     }
 }
 
-AVX2_INLINE static inline void attend_avx2_as(const attn_job *j, int64_t seq, int64_t kvh, float *s, int fp16) {
+AVX2_INLINE static inline void attend_avx2_as(const attn_job *j, int64_t seq, int64_t kvh, const int64_t *rows,
+                                              float *s, int fp16) {
     const int64_t d = j->head_dim, group = j->heads / j->kv_heads, n = j->seq_lens[seq];
-    const int32_t *table = j->block_tables + seq * j->max_blocks;
     const float *q = j->q + (seq * j->heads + kvh * group) * d;
     float *out = j->out + (seq * j->heads + kvh * group) * d, inv_sum[64];
     int64_t t = 0;
     for (; t + 8 <= n; t += 8) {
         int64_t k[8];
-        for (int r = 0; r < 8; r++) k[r] = row_of(j, table, t + r, kvh);
+        for (int r = 0; r < 8; r++) k[r] = rows[t + r];
         scores8(j, q, k, group, n, t, s, fp16);
     }
     for (; t < n; t++) {
-        const int64_t k = row_of(j, table, t, kvh);
+        const int64_t k = rows[t];
         for (int64_t g = 0; g < group; g++) {
             __m256 acc = _mm256_setzero_ps();
             for (int64_t i = 0; i < d; i += 8)
@@ -182,7 +186,7 @@ AVX2_INLINE static inline void attend_avx2_as(const attn_job *j, int64_t seq, in
     for (int64_t i = 0; i < group * d; i += 8) _mm256_storeu_ps(out + i, _mm256_setzero_ps());
     /* the group's outputs (group x head_dim floats, in L1) gather every value row once */
     for (t = 0; t < n; t++) {
-        const int64_t v = row_of(j, table, t, kvh);
+        const int64_t v = rows[t];
         for (int64_t g = 0; g < group; g++) {
             __m256 p = _mm256_broadcast_ss(s + g * n + t);
             float *o = out + g * d;
@@ -197,9 +201,9 @@ AVX2_INLINE static inline void attend_avx2_as(const attn_job *j, int64_t seq, in
     }
 }
 
-AVX2 static void attend_avx2(const attn_job *j, int64_t seq, int64_t kvh, float *s) {
-    if (j->kv_fp16) attend_avx2_as(j, seq, kvh, s, 1);
-    else attend_avx2_as(j, seq, kvh, s, 0);
+AVX2 static void attend_avx2(const attn_job *j, int64_t seq, int64_t kvh, const int64_t *rows, float *s) {
+    if (j->kv_fp16) attend_avx2_as(j, seq, kvh, rows, s, 1);
+    else attend_avx2_as(j, seq, kvh, rows, s, 0);
 }
 #endif /* QL_X86 */
 
@@ -209,15 +213,19 @@ static void attend_task(void *p, int64_t chunk, int64_t nchunks) {
     chunk_range(j->seqs * j->kv_heads, chunk, nchunks, &lo, &hi);
     for (int64_t item = lo; item < hi; item++) {
         int64_t seq = item / j->kv_heads, kvh = item % j->kv_heads;
-        float *s = scores_buffer((j->heads / j->kv_heads) * (int64_t)j->seq_lens[seq]);
-        if (!s) {
+        const int64_t n = j->seq_lens[seq], group = j->heads / j->kv_heads;
+        char *work = work_buffer(n * (int64_t)sizeof(int64_t) + group * n * (int64_t)sizeof(float));
+        if (!work) {
             atomic_store(&j->failed, 1);
             return;
         }
+        int64_t *rows = (int64_t *)work;                  /* malloc's alignment, then the scores */
+        float *s = (float *)(work + n * sizeof(int64_t));
+        key_rows(j, j->block_tables + seq * j->max_blocks, n, kvh, rows);
 #ifdef QL_X86
-        if (use_avx2() && j->head_dim % 8 == 0) { attend_avx2(j, seq, kvh, s); continue; }
+        if (use_avx2() && j->head_dim % 8 == 0) { attend_avx2(j, seq, kvh, rows, s); continue; }
 #endif
-        attend_scalar(j, seq, kvh, s);
+        attend_scalar(j, seq, kvh, rows, s);
     }
 }
 
