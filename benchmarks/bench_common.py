@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
+import engine  # noqa: F401  (before torch: it sets torch's OpenMP threads to sleep between ops)
 import torch
 
 from telemetry.other_load import OtherLoad  # noqa: F401  (re-exported for the scripts)

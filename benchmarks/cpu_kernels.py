@@ -22,9 +22,8 @@ import statistics
 import time
 import warnings
 
-import torch
-
 from bench_common import MachineInfo, OtherLoad, add_contention_args, build_prompts, emit_summary, wait_until_idle
+import torch  # after bench_common, which imports the engine first (OpenMP wait policy)
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.outputs import StepRecord
 from policies import Knobs

@@ -20,10 +20,9 @@ import time
 from dataclasses import asdict, dataclass
 from functools import partial
 
-import torch
-
 from bench_common import (MachineInfo, OtherLoad, add_contention_args, build_prompts, emit_summary,
                           retry_contended)
+import torch  # after bench_common, which imports the engine first (OpenMP wait policy)
 from engine import LLM, SamplingParams
 from engine.checkpoint import bundled_model_path
 from engine.outputs import StepRecord

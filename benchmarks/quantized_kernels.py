@@ -40,9 +40,8 @@ import sys
 from dataclasses import asdict, dataclass
 from functools import partial
 
-import torch
-
 from bench_common import MachineInfo, add_contention_args, build_prompts, emit_summary, retry_contended
+import torch  # after bench_common, which imports the engine first (OpenMP wait policy)
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.llm_engine import release_freed_memory
 from engine.quantized_linear import PANEL_ROWS, QuantizedLinear, best_time

@@ -27,3 +27,23 @@ def test_a_device_without_cuda_or_unknown_is_a_one_line_error(capsys):
     assert capsys.readouterr().err.strip() == "autotuned-serve: error: device cuda: CUDA is not available on this machine"
     assert main(["serve", "--device", "tpu"]) == 2
     assert "device must be cpu, cuda or cuda:N" in capsys.readouterr().err
+
+
+def test_the_command_line_sets_openmps_wait_policy_before_torch_loads():
+    """libgomp reads OMP_WAIT_POLICY once, when torch loads: the engine must set it first (passive, so
+    that torch's threads do not spin on the cores the CPU kernels' pool runs on next)."""
+    import os
+    import subprocess
+    import sys
+
+    spy = ("import os, sys\n"
+           "class Spy:\n"
+           "    def find_spec(self, name, path=None, target=None):\n"
+           "        if name == 'torch':\n"
+           "            print(os.environ.get('OMP_WAIT_POLICY'))\n"
+           "            sys.meta_path.remove(self)\n"
+           "sys.meta_path.insert(0, Spy())\n"
+           "import serving.cli\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", spy], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["PASSIVE"]

@@ -114,11 +114,10 @@ AVX2_INLINE static inline __m256 exp_ps(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-/* lane i = the sum of a[i]'s lanes */
-AVX2_INLINE static inline __m256 hsum8(const __m256 a[8]) {
-    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+/* lanes 0-3 = the sums of a, b, c and d's eight lanes */
+AVX2_INLINE static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
 AVX2 static void softmax_avx2(float *s, int64_t n, int64_t group, float *inv_sum) {
@@ -146,19 +145,78 @@ AVX2_INLINE static inline __m256 load8(const void *cache, int64_t row, int64_t i
     return _mm256_loadu_ps((const float *)cache + row + i);
 }
 
-/* scores of keys t0..t0+7 for every query head of the group: eight keys at a time keep eight
- * independent FMA chains and need one transposing reduction per eight scores */
-AVX2_INLINE static inline void scores8(const attn_job *j, const float *q, const int64_t k[8], int64_t group,
-                                       int64_t n, int64_t t0, float *s, int fp16) {
-    const __m256 scale = _mm256_set1_ps(j->scale);
-    for (int64_t g = 0; g < group; g++) {
-        __m256 acc[8];
-        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < j->head_dim; i += 8) {
-            __m256 qv = _mm256_loadu_ps(q + g * j->head_dim + i);
-            for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(load8(j->k_cache, k[r], i, fp16), qv, acc[r]);
+/* Register tiles: G query heads x 4 keys of scores, G heads x 8C dimensions of output (G <= 3,
+ * C <= 4: at most twelve accumulators), so that each cached element is loaded and converted once
+ * for all the heads sharing it, not once per head. */
+
+/* scores of keys t..t+3 (cache rows k[0..3]) for query heads g0..g0+G-1 */
+AVX2_INLINE static inline void scores_tile(const attn_job *j, const float *q, const int64_t *k, int64_t n,
+                                           int64_t t, int64_t g0, float *s, int fp16, const int G) {
+    __m256 acc[3][4];
+    for (int g = 0; g < G; g++)
+        for (int r = 0; r < 4; r++) acc[g][r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < j->head_dim; i += 8)
+        for (int r = 0; r < 4; r++) {
+            const __m256 kv = load8(j->k_cache, k[r], i, fp16);
+            for (int g = 0; g < G; g++)
+                acc[g][r] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + (g0 + g) * j->head_dim + i), acc[g][r]);
         }
-        _mm256_storeu_ps(s + g * n + t0, _mm256_mul_ps(hsum8(acc), scale));
+    const __m128 scale = _mm_set1_ps(j->scale);
+    for (int g = 0; g < G; g++)
+        _mm_storeu_ps(s + (g0 + g) * n + t, _mm_mul_ps(hsum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), scale));
+}
+
+/* the score of one key (cache row k) for query heads g0..g0+G-1: the keys after the last tile of four */
+AVX2_INLINE static inline void score_one(const attn_job *j, const float *q, int64_t k, int64_t n, int64_t t,
+                                         int64_t g0, float *s, int fp16, const int G) {
+    __m256 acc[3];
+    for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < j->head_dim; i += 8) {
+        const __m256 kv = load8(j->k_cache, k, i, fp16);
+        for (int g = 0; g < G; g++)
+            acc[g] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + (g0 + g) * j->head_dim + i), acc[g]);
+    }
+    for (int g = 0; g < G; g++) s[(g0 + g) * n + t] = hsum_ps(acc[g]) * j->scale;
+}
+
+AVX2_INLINE static inline void scores_heads(const attn_job *j, const float *q, const int64_t *rows, int64_t n,
+                                            int64_t g0, float *s, int fp16, const int G) {
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) scores_tile(j, q, rows + t, n, t, g0, s, fp16, G);
+    for (; t < n; t++) score_one(j, q, rows[t], n, t, g0, s, fp16, G);
+}
+
+/* out[g][i0..i0+8C) for heads g0..g0+G-1 = sum over keys of p[g][t] v_t, times 1 / the row's sum */
+AVX2_INLINE static inline void values_tile(const attn_job *j, const int64_t *rows, int64_t n, const float *p,
+                                           int64_t g0, int64_t i0, const float *inv_sum, float *out, int fp16,
+                                           const int G, const int C) {
+    __m256 acc[3][4];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < C; c++) acc[g][c] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; t++) {
+        __m256 pg[3];
+        for (int g = 0; g < G; g++) pg[g] = _mm256_broadcast_ss(p + (g0 + g) * n + t);
+        for (int c = 0; c < C; c++) {
+            const __m256 vv = load8(j->v_cache, rows[t], i0 + 8 * c, fp16);
+            for (int g = 0; g < G; g++) acc[g][c] = _mm256_fmadd_ps(pg[g], vv, acc[g][c]);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const __m256 inv = _mm256_set1_ps(inv_sum[g0 + g]);
+        for (int c = 0; c < C; c++)
+            _mm256_storeu_ps(out + (g0 + g) * j->head_dim + i0 + 8 * c, _mm256_mul_ps(acc[g][c], inv));
+    }
+}
+
+AVX2_INLINE static inline void values_heads(const attn_job *j, const int64_t *rows, int64_t n, const float *p,
+                                            int64_t g0, const float *inv_sum, float *out, int fp16, const int G) {
+    int64_t i = 0;
+    for (; i + 32 <= j->head_dim; i += 32) values_tile(j, rows, n, p, g0, i, inv_sum, out, fp16, G, 4);
+    switch ((j->head_dim - i) / 8) {  /* head_dim is a multiple of 8 here */
+        case 3: values_tile(j, rows, n, p, g0, i, inv_sum, out, fp16, G, 3); break;
+        case 2: values_tile(j, rows, n, p, g0, i, inv_sum, out, fp16, G, 2); break;
+        case 1: values_tile(j, rows, n, p, g0, i, inv_sum, out, fp16, G, 1); break;
+        default: break;
     }
 }
 
@@ -167,38 +225,15 @@ AVX2_INLINE static inline void attend_avx2_as(const attn_job *j, int64_t seq, in
     const int64_t d = j->head_dim, group = j->heads / j->kv_heads, n = j->seq_lens[seq];
     const float *q = j->q + (seq * j->heads + kvh * group) * d;
     float *out = j->out + (seq * j->heads + kvh * group) * d, inv_sum[64];
-    int64_t t = 0;
-    for (; t + 8 <= n; t += 8) {
-        int64_t k[8];
-        for (int r = 0; r < 8; r++) k[r] = rows[t + r];
-        scores8(j, q, k, group, n, t, s, fp16);
-    }
-    for (; t < n; t++) {
-        const int64_t k = rows[t];
-        for (int64_t g = 0; g < group; g++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t i = 0; i < d; i += 8)
-                acc = _mm256_fmadd_ps(load8(j->k_cache, k, i, fp16), _mm256_loadu_ps(q + g * d + i), acc);
-            s[g * n + t] = hsum_ps(acc) * j->scale;
-        }
-    }
+    /* the group's heads three at a time, then the one or two left */
+    int64_t g = 0;
+    for (; g + 3 <= group; g += 3) scores_heads(j, q, rows, n, g, s, fp16, 3);
+    if (group - g == 2) scores_heads(j, q, rows, n, g, s, fp16, 2);
+    if (group - g == 1) scores_heads(j, q, rows, n, g, s, fp16, 1);
     softmax_avx2(s, n, group, inv_sum);
-    for (int64_t i = 0; i < group * d; i += 8) _mm256_storeu_ps(out + i, _mm256_setzero_ps());
-    /* the group's outputs (group x head_dim floats, in L1) gather every value row once */
-    for (t = 0; t < n; t++) {
-        const int64_t v = rows[t];
-        for (int64_t g = 0; g < group; g++) {
-            __m256 p = _mm256_broadcast_ss(s + g * n + t);
-            float *o = out + g * d;
-            for (int64_t i = 0; i < d; i += 8)
-                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p, load8(j->v_cache, v, i, fp16), _mm256_loadu_ps(o + i)));
-        }
-    }
-    for (int64_t g = 0; g < group; g++) {
-        __m256 inv = _mm256_set1_ps(inv_sum[g]);
-        for (int64_t i = 0; i < d; i += 8)
-            _mm256_storeu_ps(out + g * d + i, _mm256_mul_ps(_mm256_loadu_ps(out + g * d + i), inv));
-    }
+    for (g = 0; g + 3 <= group; g += 3) values_heads(j, rows, n, s, g, inv_sum, out, fp16, 3);
+    if (group - g == 2) values_heads(j, rows, n, s, g, inv_sum, out, fp16, 2);
+    if (group - g == 1) values_heads(j, rows, n, s, g, inv_sum, out, fp16, 1);
 }
 
 AVX2 static void attend_avx2(const attn_job *j, int64_t seq, int64_t kvh, const int64_t *rows, float *s) {
