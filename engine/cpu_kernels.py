@@ -1,5 +1,6 @@
-"""The C library of CPU kernels: linear layers on GGUF's quantized weights (engine/csrc/qlinear.c) and
-paged decode attention (engine/csrc/paged_attention.c), sharing one thread pool (thread_pool.c).
+"""The C library of CPU kernels: linear layers on GGUF's quantized weights (engine/csrc/qlinear.c),
+paged decode attention (engine/csrc/paged_attention.c) and RMSNorm after the residual add
+(rms_norm.c), sharing one thread pool (thread_pool.c).
 
 Built by the install step into engine/_cpu_kernels*.so and loaded with ctypes: no Python API, so
 nothing about torch at build time, and ctypes drops the GIL during a call. Optional: where it was
@@ -36,6 +37,18 @@ class CpuLibrary:
         """Put the pool's spinning threads to sleep: torch's own threads need the cores next."""
         self.lib.qlin_park()
 
+    def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """RMSNorm(h) * weight, after h += delta in place where delta is given (engine/csrc/rms_norm.c);
+        fp32, contiguous rows."""
+        d = h.shape[-1]
+        assert h.dtype == weight.dtype == torch.float32 and h.is_contiguous() and weight.shape == (d,)
+        assert delta is None or (delta.dtype == torch.float32 and delta.is_contiguous() and delta.shape == h.shape)
+        out = torch.empty_like(h)
+        self.lib.add_rms_norm(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
+                              out.data_ptr(), h.numel() // d, d, eps)
+        return out
+
     def set_isa(self, avx2: bool) -> bool:
         """Force the portable scalar kernels (False) or the best the CPU has (True), for tests."""
         return bool(self.lib.qlin_set_isa(int(avx2)))
@@ -65,6 +78,7 @@ def load_library() -> CpuLibrary | None:
     try:
         lib = ctypes.CDLL(path)
         lib.qlin_set_isa.argtypes = [ctypes.c_int]
+        lib.add_rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
         threads = int(os.environ.get("QLINEAR_THREADS", "0")) or torch.get_num_threads()
         return CpuLibrary(lib, path, lib.qlin_init_threads(threads), bool(lib.qlin_cpu_avx2()))
     except (OSError, AttributeError) as e:

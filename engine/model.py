@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionBackend
+from engine.cpu_kernels import CpuLibrary, fast_library
 from engine.model_config import ModelConfig
 from engine.rope import RotaryEmbedding, rotate
 
@@ -25,11 +26,28 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # one fused op, not six: at decode every layer runs two of these on a row, where the per-op
-        # overhead is the cost; in 16 bits, HF normalizes in fp32 and scales after the cast back
+        library = cpu_library_for(x)
+        if library is not None:
+            return library.add_rms_norm(x.contiguous(), None, self.weight, self.eps)
+        # in 16 bits, HF normalizes in fp32 and scales after the cast back
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
+
+    def add_norm(self, h: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + delta, RMSNorm(h + delta)): the residual add and the next norm, in one pass on the CPU
+        kernels (there h is updated in place), where torch's composite norm costs more than the
+        layer's matmuls at a batch-1 decode."""
+        library = cpu_library_for(h)
+        if library is not None and h.is_contiguous():
+            return h, library.add_rms_norm(h, delta.contiguous(), self.weight, self.eps)
+        h = h + delta
+        return h, self(h)
+
+
+def cpu_library_for(x: torch.Tensor) -> CpuLibrary | None:
+    """The CPU kernels' library where they run x's norms: fp32 on the CPU, with AVX2."""
+    return fast_library() if x.dtype == torch.float32 and x.device.type == "cpu" else None
 
 
 class Attention(nn.Module):
@@ -99,11 +117,16 @@ class LlamaForCausalLM(nn.Module):
 
         kv_cache: [layers, 2, slots, kv_heads, head_dim].
         """
-        m = self.model
+        m, layers = self.model, self.model.layers
         h = m.embed_tokens(input_ids)
         cos, sin = m.rotary.lookup(positions)
-        for i, layer in enumerate(m.layers):
-            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, backend, kv_cache[i, 0], kv_cache[i, 1], meta)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        h = m.norm(h[logits_indices])
-        return self.lm_head(h).float()
+        # each residual add runs with the norm after it (the next layer's input norm, fused)
+        x = layers[0].input_layernorm(h)
+        for i, layer in enumerate(layers):
+            h, x = layer.post_attention_layernorm.add_norm(
+                h, layer.self_attn(x, cos, sin, backend, kv_cache[i, 0], kv_cache[i, 1], meta))
+            if i + 1 < len(layers):
+                h, x = layers[i + 1].input_layernorm.add_norm(h, layer.mlp(x))
+            else:
+                h = h + layer.mlp(x)
+        return self.lm_head(m.norm(h[logits_indices])).float()
