@@ -24,6 +24,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
+from engine.engine_config import EngineConfig
 from engine.quantized_linear import (PANEL_ROWS, QUANT_TYPES, QuantizedEmbedding, QuantizedLinear, QuantizedPath,
                                      QuantizedTensor, UnsupportedQuantization, load_kernels, measure_crossover)
 
@@ -352,3 +353,15 @@ def test_perplexity_within_one_percent_of_fp32(smollm2_pair):
     dense, quantized = (perplexity(llm) for llm in smollm2_pair)
     assert dense < 30                                     # the model reads English: a sanity floor for the test
     assert abs(quantized / dense - 1) <= 0.01
+
+
+def test_dtype_auto_is_fp32_under_the_kernels_even_where_bf16_is_fast(monkeypatch):
+    """The kernels compute in fp32: a bf16 model would only add casts. Elsewhere auto keeps bf16 where
+    the hardware runs it fast (pretended here, so the test holds on any CPU)."""
+    if not KERNELS.avx2:
+        pytest.skip("CPU without AVX2/FMA/F16C: auto does not keep the weights quantized")
+    monkeypatch.setattr("engine.engine_config.bf16_is_fast", lambda device: True)
+    assert EngineConfig().torch_dtype() == torch.float32                     # the bundled GGUF, quantized
+    assert EngineConfig(weights="dense").torch_dtype() == torch.bfloat16
+    assert EngineConfig(model="tiny").torch_dtype() == torch.bfloat16        # a preset: dense weights
+    assert EngineConfig(dtype="bf16").torch_dtype() == torch.bfloat16        # asked for: kept
