@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random Hugging Face checkpoints saved to disk, and engines over them."""
+"""Shared fixtures: tiny random Hugging Face checkpoints saved to disk, engines over them, and the CPU
+kernels' two instruction sets."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine
+from engine.cpu_kernels import load_library
 from policies import Knobs
 
 TINY_LLAMA = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -82,3 +84,16 @@ def pytest_unconfigure(config) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_exit_status)
+
+
+@pytest.fixture(params=["avx2", "scalar"])
+def isa(request):
+    """Both versions of the CPU kernels: the AVX2 one (where the CPU has it) and the portable one."""
+    library = load_library()
+    if library is None:
+        pytest.skip("CPU kernels not built")
+    if request.param == "avx2" and not library.avx2:
+        pytest.skip("no AVX2 on this CPU")
+    library.set_isa(request.param == "avx2")
+    yield request.param
+    library.set_isa(True)

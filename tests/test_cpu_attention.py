@@ -15,16 +15,6 @@ LIBRARY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason="CPU kernels not built")
 
 
-@pytest.fixture(params=["avx2", "scalar"])
-def isa(request):
-    """Both versions of the kernel: the AVX2 one (where the CPU has it) and the portable one."""
-    if request.param == "avx2" and not LIBRARY.avx2:
-        pytest.skip("no AVX2 on this CPU")
-    LIBRARY.set_isa(request.param == "avx2")
-    yield request.param
-    LIBRARY.set_isa(True)
-
-
 def attend_both(layout, num_blocks: int, heads: int, kv_heads: int, head_dim: int,
                 kv_dtype: torch.dtype = torch.float32):
     """One step through the torch backend and the CPU one, from the same cache (garbage beyond the

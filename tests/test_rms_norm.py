@@ -13,15 +13,6 @@ LIBRARY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason="CPU kernels not built")
 
 
-@pytest.fixture(params=["avx2", "scalar"])
-def isa(request):
-    if request.param == "avx2" and not LIBRARY.avx2:
-        pytest.skip("no AVX2 on this CPU")
-    LIBRARY.set_isa(request.param == "avx2")
-    yield request.param
-    LIBRARY.set_isa(True)
-
-
 @pytest.mark.parametrize("rows", [1, 7, 300])     # 300: split over the thread pool
 @pytest.mark.parametrize("size", [576, 40, 8])    # 40: a tail after the 16-float loop
 @pytest.mark.parametrize("with_delta", [False, True])
