@@ -1,5 +1,5 @@
 """Step times under torch's OpenMP wait policies, side by side: the engine's PASSIVE (threads sleep
-after each op) against ACTIVE (they spin, libgomp's behaviour when nothing is set).
+after each op) against ACTIVE (they spin; with nothing set, libgomp spins for a bounded count).
 
 On the CPU the engine alternates torch's ops (norms, activation, RoPE, sampling, the dense GEMM)
 with its own kernels (engine/csrc/), which run on a pool of their own: spinning OpenMP threads then

@@ -80,7 +80,7 @@ def load_checkpoint(model: str | None, dtype: torch.dtype = torch.float32, seed:
         return dummy_checkpoint(PRESETS[location], dtype, seed)
     if kind == "hf":
         return read_hf_directory(location)
-    checkpoint = read_gguf(location, keep_quantized=_quantized_kernels_usable(weights))
+    checkpoint = read_gguf(location, keep_quantized=quantized_kernels_usable(weights))
     _dequantize_partial_groups(checkpoint)
     checkpoint.quantized_max_rows = quantized_max_rows
     return checkpoint
@@ -98,7 +98,7 @@ def _dequantize_partial_groups(checkpoint: Checkpoint) -> None:
                     checkpoint.state_dict[n] = load_kernels().dequantize(checkpoint.quantized.pop(n))
 
 
-def _quantized_kernels_usable(weights: str) -> bool:
+def quantized_kernels_usable(weights: str) -> bool:
     if weights == "dense":
         return False
     kernels = load_kernels()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.checkpoint import resolve_model
+from engine.checkpoint import quantized_kernels_usable, resolve_model
 from engine.cpu_kernels import fast_library
 from engine.errors import ModelLoadError
 from policies import Knobs
@@ -67,14 +67,12 @@ class EngineConfig:
         return DTYPES[self.kv_cache_dtype]
 
     def runs_quantized_kernels(self) -> bool:
-        """The model is a GGUF whose weights stay quantized, on the AVX2 CPU kernels."""
-        if self.weights_mode() == "dense" or fast_library() is None:
-            return False
+        """The model is a GGUF whose weights stay quantized on the CPU kernels (load_checkpoint's rule)."""
         try:
             kind, _ = resolve_model(self.model)
+            return kind == "gguf" and quantized_kernels_usable(self.weights_mode())
         except ModelLoadError:
-            return False
-        return kind == "gguf"
+            return False   # loading the model says why
 
     def weights_mode(self) -> str:
         """auto/dense/quantized as load_checkpoint takes it: the quantized kernels run on the CPU only."""
