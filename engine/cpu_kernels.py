@@ -26,12 +26,25 @@ log = logging.getLogger(__name__)
 NAME = "_cpu_kernels"
 
 
+ISAS = ("scalar", "avx2", "avx512")   # the library's levels of code (isa.h), each adding to the one before
+
+
 @dataclass(frozen=True)
 class CpuLibrary:
     lib: ctypes.CDLL
     path: str
     threads: int        # the pool's size, the caller included
-    avx2: bool          # the CPU runs the AVX2/FMA/F16C kernels (else they are portable scalar C)
+    isa: str            # the best code this CPU runs: "avx2" (AVX2/FMA/F16C), "avx512" (also F, BW, VNNI), "scalar"
+
+    @property
+    def avx2(self) -> bool:
+        """The CPU runs the AVX2 kernels (else they are portable scalar C)."""
+        return self.isa != "scalar"
+
+    @property
+    def avx512(self) -> bool:
+        """The CPU runs the AVX-512 VNNI kernels on interleaved weights (engine/csrc/qlinear_x16.c)."""
+        return self.isa == "avx512"
 
     def park(self) -> None:
         """Put the pool's spinning threads to sleep: torch's own threads need the cores next."""
@@ -49,9 +62,10 @@ class CpuLibrary:
                               out.data_ptr(), h.numel() // d, d, eps)
         return out
 
-    def set_isa(self, avx2: bool) -> bool:
-        """Force the portable scalar kernels (False) or the best the CPU has (True), for tests."""
-        return bool(self.lib.qlin_set_isa(int(avx2)))
+    def set_isa(self, isa: str) -> str:
+        """Run the kernels of level `isa` (one of ISAS, or "best"), or the best this CPU has below it, for
+        tests; returns the level now in use."""
+        return ISAS[self.lib.qlin_set_isa(len(ISAS) - 1 if isa == "best" else ISAS.index(isa))]
 
 
 def library_path() -> str | None:
@@ -80,7 +94,7 @@ def load_library() -> CpuLibrary | None:
         lib.qlin_set_isa.argtypes = [ctypes.c_int]
         lib.add_rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
         threads = int(os.environ.get("QLINEAR_THREADS", "0")) or torch.get_num_threads()
-        return CpuLibrary(lib, path, lib.qlin_init_threads(threads), bool(lib.qlin_cpu_avx2()))
+        return CpuLibrary(lib, path, lib.qlin_init_threads(threads), ISAS[lib.qlin_cpu_isa()])
     except (OSError, AttributeError) as e:
         log.warning("CPU kernels in %s did not load (%s): GGUF weights are dequantized and decode attention "
                     "gathers the KV cache for SDPA", path, e)

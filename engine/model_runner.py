@@ -13,8 +13,8 @@ from engine.attention import make_attention_backend
 from engine.batch_layout import BatchLayout
 from engine.checkpoint import Checkpoint, fuse_projections, fuse_quantized
 from engine.model import LlamaForCausalLM
-from engine.quantized_linear import (QuantizedEmbedding, QuantizedLinear, QuantizedPath, load_kernels,
-                                     measure_crossover)
+from engine.quantized_linear import (QuantizedEmbedding, QuantizedLinear, QuantizedPath, QuantizedTensor, QuantKernels,
+                                     load_kernels, measure_crossover)
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledRequest
 
@@ -147,12 +147,39 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device
     return model.eval(), path
 
 
+def interleaved_once(kernels: QuantKernels, tensor: QuantizedTensor, done: dict[int, QuantizedTensor]) -> QuantizedTensor:
+    """tensor interleaved (once, however many modules share it) where the layout exists for it."""
+    if not tensor.interleavable:
+        return tensor
+    if id(tensor) not in done:
+        done[id(tensor)] = kernels.interleave(tensor)
+    return done[id(tensor)]
+
+
+def merge_same_type(parts: list[QuantizedTensor]) -> list[QuantizedTensor]:
+    """Neighbouring parts of one type and layout as one tensor: their rows simply follow each other, and
+    a step then quantizes its activations once and calls the kernel once for a fused q/k/v or gate/up."""
+    merged = [parts[0]]
+    for part in parts[1:]:
+        last = merged[-1]
+        if (part.qtype, part.interleaved, part.cols) == (last.qtype, last.interleaved, last.cols):
+            merged[-1] = QuantizedTensor(last.qtype, last.rows + part.rows, last.cols, torch.cat([last.data, part.data]),
+                                         f"{last.name}+{part.name}", last.interleaved)
+        else:
+            merged.append(part)
+    return merged
+
+
 def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: dict[str, torch.Tensor],
                       dtype: torch.dtype) -> QuantizedPath:
     """Swap in the quantized modules (taking their biases out of `state`), then size their row limit."""
     path = QuantizedPath(load_kernels())
     linears: dict[str, QuantizedLinear] = {}
+    interleaved: dict[int, QuantizedTensor] = {}   # a tied LM head and the embeddings share one tensor
     for name, parts in fuse_quantized(checkpoint.quantized, checkpoint.config).items():
+        if path.kernels.avx512:   # rows interleaved for the VNNI kernels, 2-3x faster (engine/csrc/qlinear_x16.c)
+            parts = [interleaved_once(path.kernels, p, interleaved) for p in parts]
+        parts = merge_same_type(parts)
         parent, _, attr = name.rpartition(".")
         if attr == "embed_tokens":
             module = QuantizedEmbedding(parts[0], path, dtype)

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 # GGML type id -> (name, elements per block, bytes per block): the types the kernels run
 QUANT_TYPES: dict[int, tuple[str, int, int]] = {
     2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
+INTERLEAVED_TYPES = (2, 3, 8)   # Q4_0, Q4_1, Q8_0: the types of engine/csrc/qlinear_x16.c
+INTERLEAVE_ROWS = 16
 SCRATCH_FLOATS = 1 << 22   # dense path: dequantize at most 16 MB of fp32 weights at a time
 PANEL_ROWS = 8             # the library's default: calls of this many rows or more take its fp32 panel path
 
@@ -61,6 +63,7 @@ class QuantizedTensor:
     cols: int
     data: torch.Tensor          # uint8 [rows, bytes per row]
     name: str = ""
+    interleaved: bool = False   # rows in groups of 16 (engine/csrc/qlinear_x16.c), not GGUF's row after row
 
     def __post_init__(self) -> None:
         label = f"tensor {self.name!r}: " if self.name else ""
@@ -89,8 +92,15 @@ class QuantizedTensor:
     def nbytes(self) -> int:
         return self.rows * self.row_bytes
 
+    @property
+    def interleavable(self) -> bool:
+        """The AVX-512 VNNI kernels have an interleaved layout for it (whole groups of 16 rows)."""
+        return not self.interleaved and self.qtype in INTERLEAVED_TYPES and self.rows % INTERLEAVE_ROWS == 0
+
     def take_rows(self, index: torch.Tensor) -> QuantizedTensor:
         """Rows reordered (llama.cpp's q/k permutation undone): whole rows of blocks move."""
+        if self.interleaved:
+            raise ValueError(f"tensor {self.name!r}: rows of an interleaved tensor cannot be taken")
         return QuantizedTensor(self.qtype, self.rows, self.cols, self.data[index].contiguous(), self.name)
 
     @classmethod
@@ -108,6 +118,9 @@ class QuantKernels:
         library.lib.qlin_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
         library.lib.qlin_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, i64]
         library.lib.qlin_set_panel_rows.argtypes = [ctypes.c_int]
+        library.lib.qlin_x16_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
+        library.lib.qlin_x16_dequantize.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, i64, ptr, i64]
+        library.lib.qlin_x16_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
         library.lib.qlin_set_panel_rows(PANEL_ROWS)
         self.library, self.lib = library, library.lib
         self._scratch = threading.local()
@@ -117,14 +130,18 @@ class QuantKernels:
         return self.library.avx2
 
     @property
+    def avx512(self) -> bool:
+        return self.library.avx512
+
+    @property
     def threads(self) -> int:
         return self.library.threads
 
     def park(self) -> None:
         self.library.park()
 
-    def set_isa(self, avx2: bool) -> bool:
-        return self.library.set_isa(avx2)
+    def set_isa(self, isa: str) -> str:
+        return self.library.set_isa(isa)
 
     def set_panel_rows(self, rows: int) -> None:
         """Steps of at least `rows` rows take the fp32 panel path, fewer the 16-bit dot products
@@ -135,14 +152,21 @@ class QuantKernels:
         """out[:, col0:col0 + w.rows] = x @ W^T; x: contiguous fp32 [n, w.cols], out: fp32 [n, *] rows contiguous."""
         assert x.dtype == torch.float32 and x.is_contiguous() and x.shape[1] == w.cols
         assert out.dtype == torch.float32 and out.stride(1) == 1 and out.shape[0] == x.shape[0]
-        rc = self.lib.qlin_matmul(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0],
-                                  out.data_ptr() + 4 * col0, out.stride(0))
+        matmul = self.lib.qlin_x16_matmul if w.interleaved else self.lib.qlin_matmul
+        rc = matmul(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0],
+                    out.data_ptr() + 4 * col0, out.stride(0))
         self._check(rc, w)
 
     def dequantize_into(self, w: QuantizedTensor, out: torch.Tensor, ids: torch.Tensor | None = None,
                         row0: int = 0, rows: int | None = None) -> None:
         """out[i] = W[ids[i]] (ids None: W[row0 + i] for `rows` rows) in fp32; out rows contiguous."""
         assert out.dtype == torch.float32 and out.stride(1) == 1
+        if w.interleaved:
+            ids = None if ids is None else ids.to(torch.int64).contiguous()
+            n = ids.numel() if ids is not None else w.rows - row0 if rows is None else rows
+            self._check(self.lib.qlin_x16_dequantize(w.qtype, w.data.data_ptr(), w.cols, None if ids is None else
+                                                     ids.data_ptr(), row0, n, out.data_ptr(), out.stride(0)), w)
+            return
         if ids is not None:
             ids = ids.to(torch.int64).contiguous()
             n, base, ids_ptr = ids.numel(), w.data.data_ptr(), ids.data_ptr()
@@ -155,6 +179,12 @@ class QuantKernels:
         out = torch.empty(w.rows, w.cols)
         self.dequantize_into(w, out)
         return out
+
+    def interleave(self, w: QuantizedTensor) -> QuantizedTensor:
+        """w with its rows interleaved in groups of 16 for the AVX-512 VNNI kernels (same bytes, moved)."""
+        out = torch.empty_like(w.data)
+        self._check(self.lib.qlin_x16_repack(w.qtype, w.data.data_ptr(), w.rows, w.cols, out.data_ptr()), w)
+        return QuantizedTensor(w.qtype, w.rows, w.cols, out, w.name, interleaved=True)
 
     def scratch(self, floats: int) -> torch.Tensor:
         """A per-thread fp32 buffer reused across calls (a fresh 16 MB buffer would page-fault each step)."""
@@ -169,6 +199,8 @@ class QuantKernels:
             raise UnsupportedQuantization(f"no kernel for {ggml_type_name(w.qtype)}")
         if rc == -2:
             raise UnsupportedQuantization(f"{w.type_name}: {w.cols} columns are not whole blocks")
+        if rc == -4:
+            raise UnsupportedQuantization(f"{w.type_name}: {w.rows} rows are not whole groups of {INTERLEAVE_ROWS}")
         if rc != 0:
             raise MemoryError(f"qlinear kernel failed ({rc})")
 

@@ -94,6 +94,6 @@ def isa(request):
         pytest.skip("CPU kernels not built")
     if request.param == "avx2" and not library.avx2:
         pytest.skip("no AVX2 on this CPU")
-    library.set_isa(request.param == "avx2")
+    library.set_isa(request.param)
     yield request.param
-    library.set_isa(True)
+    library.set_isa("best")

@@ -31,16 +31,26 @@ from engine.quantized_linear import (PANEL_ROWS, QUANT_TYPES, QuantizedEmbedding
 KERNELS = load_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="engine/_cpu_kernels*.so not built (pip install -e .)")
 TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
-ISAS = [pytest.param(True, id="avx2"), pytest.param(False, id="scalar")]
+X16_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
 
 
-@pytest.fixture(params=ISAS)
+def use_isa(isa: str):
+    if KERNELS.set_isa(isa) != isa:
+        KERNELS.set_isa("best")
+        pytest.skip(f"CPU without the {isa} kernels")
+    yield isa
+    KERNELS.set_isa("best")
+
+
+@pytest.fixture(params=["avx2", "scalar"])
 def isa(request):
-    if request.param and not KERNELS.avx2:
-        pytest.skip("CPU without AVX2/FMA/F16C")
-    KERNELS.set_isa(request.param)
-    yield request.param
-    KERNELS.set_isa(True)
+    yield from use_isa(request.param)
+
+
+@pytest.fixture(params=["avx512", "scalar"])
+def x16_isa(request):
+    """The interleaved layout's kernels: AVX-512 VNNI, and the portable code (as on CPUs without it)."""
+    yield from use_isa(request.param)
 
 
 @pytest.fixture(params=["int16", "panel"])
@@ -93,8 +103,10 @@ def run_matmul(w: QuantizedTensor, x: np.ndarray) -> np.ndarray:
     return out.numpy().astype(np.float64)
 
 
-def check_matmul(qtype: T, data: np.ndarray, rows: int, cols: int, x: np.ndarray, path: str) -> None:
+def check_matmul(qtype: T, data: np.ndarray, rows: int, cols: int, x: np.ndarray, path: str,
+                 interleave: bool = False) -> None:
     w = QuantizedTensor.from_numpy(int(qtype), rows, cols, data)
+    w = KERNELS.interleave(w) if interleave else w
     ref_w = reference_weights(qtype, data, rows, cols)
     got = run_matmul(w, x)
     if path == "panel":
@@ -127,6 +139,45 @@ def test_matmul_matches_reference_on_random_tensors(qtype, n, isa, kernel_path):
     check_matmul(qtype, random_blocks(qtype, rows, cols, seed=n), rows, cols, x, kernel_path)
 
 
+@pytest.mark.parametrize("qtype", X16_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 3, 8, 9, 17])
+def test_interleaved_matmul_matches_reference(qtype, n, x16_isa):
+    """48 rows: three groups of 16; 9 and 17 rows: passes of 8 activation rows and a remainder."""
+    rows, cols = 48, 512
+    x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+    x[:, 7] *= 30.0
+    check_matmul(qtype, random_blocks(qtype, rows, cols, seed=n), rows, cols, x, "int16", interleave=True)
+
+
+@pytest.mark.parametrize("qtype", X16_TYPES, ids=lambda t: t.name)
+def test_interleaved_rows_dequantize_to_ggufs(qtype, x16_isa):
+    rows, cols = 64, 96
+    w = QuantizedTensor.from_numpy(int(qtype), rows, cols, random_blocks(qtype, rows, cols))
+    wi = KERNELS.interleave(w)
+    assert wi.interleaved and not wi.interleavable and wi.nbytes == w.nbytes
+    ref = KERNELS.dequantize(w)
+    torch.testing.assert_close(KERNELS.dequantize(wi), ref, rtol=0, atol=0)
+    some = torch.empty(5, cols)
+    KERNELS.dequantize_into(wi, some, row0=21, rows=5)                       # a range across two groups
+    torch.testing.assert_close(some, ref[21:26], rtol=0, atol=0)
+    ids = torch.tensor([63, 0, 17, 17])
+    picked = torch.empty(4, cols)
+    KERNELS.dequantize_into(wi, picked, ids=ids)
+    torch.testing.assert_close(picked, ref[ids], rtol=0, atol=0)
+
+
+def test_interleaving_needs_whole_groups_and_keeps_rows_in_place():
+    w = QuantizedTensor.from_numpy(int(T.Q4_1), 40, 64, random_blocks(T.Q4_1, 40, 64))
+    assert not w.interleavable
+    with pytest.raises(UnsupportedQuantization, match="40 rows are not whole groups of 16"):
+        KERNELS.interleave(w)
+    w48 = KERNELS.interleave(QuantizedTensor.from_numpy(int(T.Q4_1), 48, 64, random_blocks(T.Q4_1, 48, 64)))
+    with pytest.raises(ValueError, match="interleaved"):
+        w48.take_rows(torch.arange(48))
+    q6 = QuantizedTensor.from_numpy(int(T.Q6_K), 48, 256, random_blocks(T.Q6_K, 48, 256))
+    assert not q6.interleavable                              # no interleaved kernel for the K-quants
+
+
 def test_matmul_spread_over_threads_matches_one_row_at_a_time(kernel_path):
     """Many rows (chunks claimed by every pool thread) give the rows computed one by one."""
     rows, cols = 4096, 256
@@ -154,12 +205,23 @@ def bundled_reader() -> gguf.GGUFReader:
                                        ("token_embd.weight", 2048)])
 def test_matmul_on_the_bundled_ggufs_tensors(name, rows, isa, kernel_path):
     """Real Q4_1 layer weights and the Q8_0 embedding (its first 2048 rows) of SmolLM2-135M."""
-    t = bundled_tensors(name)[name]
-    cols, all_rows = int(t.shape[0]), int(t.shape[1])
-    rows = rows or all_rows
-    data = np.asarray(t.data)[:rows]
+    qtype, data, rows, cols = bundled_matrix(name, rows)
     x = np.random.default_rng(0).standard_normal((6, cols)).astype(np.float32)
-    check_matmul(T(int(t.tensor_type)), data, rows, cols, x, kernel_path)
+    check_matmul(qtype, data, rows, cols, x, kernel_path)
+
+
+@pytest.mark.parametrize("name,rows", [("blk.3.ffn_up.weight", None), ("token_embd.weight", 2048)])
+def test_interleaved_matmul_on_the_bundled_ggufs_tensors(name, rows, x16_isa):
+    qtype, data, rows, cols = bundled_matrix(name, rows)
+    x = np.random.default_rng(0).standard_normal((3, cols)).astype(np.float32)
+    check_matmul(qtype, data, rows, cols, x, "int16", interleave=True)
+
+
+def bundled_matrix(name: str, rows: int | None) -> tuple[T, np.ndarray, int, int]:
+    """(type, blocks, rows, cols) of a bundled tensor, its first `rows` rows (None: all)."""
+    t = bundled_tensors(name)[name]
+    cols, rows = int(t.shape[0]), rows or int(t.shape[1])
+    return T(int(t.tensor_type)), np.asarray(t.data)[:rows], rows, cols
 
 
 @pytest.mark.parametrize("qtype,message", [(6, "Q5_0"), (99, "unknown GGML type id 99"), (0, "F32")])
@@ -261,8 +323,10 @@ def test_loader_keeps_supported_types_and_dequantizes_the_rest(mixed_gguf):
     from tests.conftest import make_engine
     model = make_engine(mixed_gguf, weights="quantized", quantized_max_rows=16).runner.model
     layer = model.model.layers[0]
-    assert [p.type_name for p in layer.self_attn.qkv_proj.parts] == ["Q8_0", "Q8_0", "Q4_0"]
-    assert [p.type_name for p in layer.mlp.gate_up_proj.parts] == ["Q8_0", "Q8_0"]
+    # q and k (both Q8_0) merged into one part, v (Q4_0) beside it; gate and up (Q8_0) as one
+    assert [(p.type_name, p.rows) for p in layer.self_attn.qkv_proj.parts] == [("Q8_0", 64 + 32), ("Q4_0", 32)]
+    assert [(p.type_name, p.rows) for p in layer.mlp.gate_up_proj.parts] == [("Q8_0", 2 * 128)]
+    assert all(p.interleaved == KERNELS.avx512 for p in layer.self_attn.qkv_proj.parts)  # where VNNI runs
     assert isinstance(layer.self_attn.o_proj, QuantizedLinear) and isinstance(model.lm_head, QuantizedLinear)
     assert isinstance(model.model.embed_tokens, QuantizedEmbedding)
     assert type(layer.mlp.down_proj) is torch.nn.Linear                  # Q5_0: dequantized at load

@@ -1,5 +1,6 @@
 /* Which code the CPU kernels run: the AVX2/FMA/F16C versions where the CPU has them, else portable
- * scalar C (also the tests' second reference, which they force with qlin_set_isa(0)). */
+ * scalar C (also the tests' second reference, which they force with qlin_set_isa(ISA_SCALAR)); the
+ * kernels on interleaved weights (qlinear_x16.c) also have an AVX-512 VNNI version. */
 #ifndef ISA_H
 #define ISA_H
 
@@ -8,6 +9,8 @@
 #define QL_X86 1
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma,f16c")))
+#define AVX512_INLINE __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma,f16c"), always_inline))
 
 /* the sum and the largest of a vector's eight lanes */
 AVX2_INLINE static inline float hsum_ps(__m256 v) {
@@ -25,11 +28,14 @@ AVX2_INLINE static inline float hmax_ps(__m256 v) {
 }
 #endif
 
-/* 1 while the AVX2 kernels are in use */
+enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };  /* AVX512: F, BW and VNNI */
+/* the level in use; use_*: 1 while that level's kernels are in use */
+int isa_level(void);
 int use_avx2(void);
-/* exported: 1 if the AVX2 kernels run on this CPU */
-int qlin_cpu_avx2(void);
-/* exported: force the scalar kernels (0) or the best this CPU has (1); returns the ISA now in use */
+int use_avx512(void);
+/* exported: the best level this CPU runs */
+int qlin_cpu_isa(void);
+/* exported: use level `want`, or the best this CPU has below it (tests force each); returns the level now in use */
 int qlin_set_isa(int want);
 
 #endif

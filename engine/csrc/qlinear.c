@@ -18,6 +18,7 @@
 #include "gemm_tile.h"
 #include "half.h"
 #include "isa.h"
+#include "quant_blocks.h"
 #include "thread_pool.h"
 
 #include <math.h>
@@ -25,30 +26,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
-#define QK 32
-#define QKK 256
-
-typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;
-typedef struct { uint16_t d, m; uint8_t qs[16]; } block_q4_1;
-typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
-typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
-typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } block_q6_K;
-/* a quantized activation block: x ~ d * qs, s = d * sum(qs) (for the weights' offsets and mins) */
-typedef struct { float d, s; int16_t qs[32]; } block_a16;
-#define A_MAX 32767.f
-
-_Static_assert(sizeof(block_q4_0) == 18, "q4_0");
-_Static_assert(sizeof(block_q4_1) == 20, "q4_1");
-_Static_assert(sizeof(block_q8_0) == 34, "q8_0");
-_Static_assert(sizeof(block_q4_K) == 144, "q4_K");
-_Static_assert(sizeof(block_q6_K) == 210, "q6_K");
-
 /* ---- types ------------------------------------------------------------------------------------ */
 
-static int64_t block_elems(int type) { return (type == T_Q4_K || type == T_Q6_K) ? QKK : QK; }
+int64_t block_elems(int type) { return (type == T_Q4_K || type == T_Q6_K) ? QKK : QK; }
 
-static int64_t block_bytes(int type) {
+int64_t block_bytes(int type) {
     switch (type) {
     case T_Q4_0: return sizeof(block_q4_0);
     case T_Q4_1: return sizeof(block_q4_1);
@@ -484,7 +466,7 @@ AVX2 static void dot_avx2(int type, const uint8_t *w, const block_a16 *a, int64_
 
 /* ---- dispatch: ISA (isa.c) -------------------------------------------------------------------- */
 
-static void quantize_a16(const float *x, block_a16 *y, int64_t nb) {
+void quantize_a16(const float *x, block_a16 *y, int64_t nb) {
 #ifdef QL_X86
     if (use_avx2()) { quantize_a16_avx2(x, y, nb); return; }
 #endif
@@ -538,7 +520,7 @@ static void matmul_task(void *p, int64_t chunk, int64_t nchunks) {
     }
 }
 
-static block_a16 *scratch_a16(int64_t blocks) {
+block_a16 *scratch_a16(int64_t blocks) {
     static block_a16 *buf = NULL;
     static int64_t cap = 0;
     if (blocks > cap) {

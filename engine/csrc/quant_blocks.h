@@ -1,0 +1,33 @@
+/* GGUF's quantized blocks and the kernels' 16-bit activation blocks, shared by qlinear.c (GGUF's own
+ * layout) and qlinear_x16.c (rows interleaved in groups of 16). */
+#ifndef QUANT_BLOCKS_H
+#define QUANT_BLOCKS_H
+#include <stdint.h>
+
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
+#define QK 32
+#define QKK 256
+
+typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;
+typedef struct { uint16_t d, m; uint8_t qs[16]; } block_q4_1;
+typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } block_q6_K;
+/* a quantized activation block: x ~ d * qs, s = d * sum(qs) (for the weights' offsets and mins) */
+typedef struct { float d, s; int16_t qs[32]; } block_a16;
+#define A_MAX 32767.f
+
+_Static_assert(sizeof(block_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(block_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(block_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(block_q4_K) == 144, "q4_K");
+_Static_assert(sizeof(block_q6_K) == 210, "q6_K");
+
+int64_t block_elems(int type);
+int64_t block_bytes(int type);
+int qlin_type_supported(int type);
+/* x (nb blocks of 32 floats) -> 16-bit blocks, with the best code the CPU runs */
+void quantize_a16(const float *x, block_a16 *y, int64_t nb);
+/* the calling job's activation blocks: a buffer reused across calls (the caller holds the pool lock) */
+block_a16 *scratch_a16(int64_t blocks);
+#endif
