@@ -17,6 +17,14 @@ import torch.nn.functional as F
 
 from engine.batch_layout import BatchLayout
 from engine.cpu_kernels import fast_library, load_library
+from engine.rope import rotate
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
 
 
 class AttentionBackend(Protocol):
@@ -28,6 +36,21 @@ class AttentionBackend(Protocol):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Any) -> torch.Tensor:
         """q: [T, H, D], k/v: [T, KVH, D], caches: [slots, KVH, D]; returns [T, H, D]."""
+
+    def attend_qkv(self, qkv: torch.Tensor, heads: HeadShape, cos: torch.Tensor, sin: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Any) -> torch.Tensor:
+        """attend() on a fused projection's output qkv [T, (H + 2 KVH) * D], q and k not yet rotated
+        (cos/sin: RotaryEmbedding.lookup of the step's positions)."""
+
+
+def split_rotated(qkv: torch.Tensor, heads: HeadShape, cos: torch.Tensor,
+                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q and k rotated, and v, out of a fused projection's output [T, (H + 2 KVH) * D]."""
+    tokens, qk_heads, dim = qkv.shape[0], heads.num_heads + heads.num_kv_heads, heads.head_dim
+    # q and k heads side by side in qkv: one rotation for both
+    qk = rotate(qkv[:, :qk_heads * dim].view(tokens, qk_heads, dim), cos, sin)
+    q, k = qk.split([heads.num_heads, heads.num_kv_heads], dim=1)
+    return q, k, qkv[:, qk_heads * dim:].view(tokens, heads.num_kv_heads, dim)
 
 
 @dataclass
@@ -85,6 +108,9 @@ class TorchAttention:
             decode_mask = _to(attended, device, torch.bool)[:, None, None, :]
         return TorchAttentionMetadata(_to(layout.slot_mapping(), device), d, decode_slots, decode_mask,
                                       prefill_chunks(layout, device))
+
+    def attend_qkv(self, qkv, heads: HeadShape, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
+        return self.attend(*split_rotated(qkv, heads, cos, sin), k_cache, v_cache, meta)
 
     def attend(self, q, k, v, k_cache, v_cache, meta: TorchAttentionMetadata) -> torch.Tensor:
         k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))

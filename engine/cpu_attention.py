@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention import TorchAttention, TorchAttentionMetadata, block_table_matrix, prefill_chunks
+from engine.attention import HeadShape, TorchAttention, TorchAttentionMetadata, block_table_matrix, prefill_chunks
 from engine.batch_layout import BatchLayout
 from engine.cpu_kernels import CpuLibrary
 
@@ -54,6 +54,14 @@ class CpuPagedAttention(TorchAttention):
             meta.decode_lens = torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int32))
             meta.block_size = layout.block_size
         return meta
+
+    def attend_qkv(self, qkv, heads: HeadShape, cos, sin, k_cache, v_cache, meta: CpuAttentionMetadata) -> torch.Tensor:
+        """A pure decode step of an fp32 model rotates and writes its keys and values in one C pass;
+        anything else takes the torch ops."""
+        if meta.num_decodes != qkv.shape[0] or qkv.dtype != torch.float32:
+            return super().attend_qkv(qkv, heads, cos, sin, k_cache, v_cache, meta)
+        q = self.library.rope_store(qkv, heads, cos, sin, meta.slot_mapping, k_cache, v_cache)
+        return self._decode(q, k_cache, v_cache, meta)
 
     def _decode(self, q, k_cache, v_cache, meta: CpuAttentionMetadata) -> torch.Tensor:
         assert q.dtype == torch.float32 and k_cache.dtype in KV_DTYPES and k_cache.dtype == v_cache.dtype

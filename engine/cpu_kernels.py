@@ -1,6 +1,7 @@
-"""The C library of CPU kernels: linear layers on GGUF's quantized weights (engine/csrc/qlinear.c),
-paged decode attention (engine/csrc/paged_attention.c) and RMSNorm after the residual add
-(rms_norm.c), sharing one thread pool (thread_pool.c).
+"""The C library of CPU kernels: linear layers on GGUF's quantized weights (engine/csrc/qlinear.c,
+qlinear_x16.c), paged decode attention (engine/csrc/paged_attention.c), a decode step's rotary
+embedding and KV-cache write (rope_store.c) and RMSNorm after the residual add (rms_norm.c), sharing
+one thread pool (thread_pool.c).
 
 Built by the install step into engine/_cpu_kernels*.so and loaded with ctypes: no Python API, so
 nothing about torch at build time, and ctypes drops the GIL during a call. Optional: where it was
@@ -62,6 +63,25 @@ class CpuLibrary:
                               out.data_ptr(), h.numel() // d, d, eps)
         return out
 
+    def rope_store(self, qkv: torch.Tensor, heads, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """The rotated queries [T, H, D] of a fused projection's output qkv [T, (H + 2 KVH) * D], with its
+        rotated keys and its values written to their cache slots (engine/csrc/rope_store.c); fp32 qkv,
+        fp32 or fp16 caches. heads: an engine.attention.HeadShape; cos/sin: RotaryEmbedding.lookup's."""
+        tokens, dim = qkv.shape[0], heads.head_dim
+        assert qkv.dtype == cos.dtype == sin.dtype == torch.float32 and qkv.stride(1) == 1
+        assert cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == tokens * dim
+        assert slots.dtype == torch.int64 and slots.is_contiguous() and slots.numel() == tokens
+        assert k_cache.dtype == v_cache.dtype and k_cache.dtype in (torch.float32, torch.float16)
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[1:] == (heads.num_kv_heads, dim)
+        q = torch.empty(tokens, heads.num_heads, dim)
+        rc = self.lib.rope_store(qkv.data_ptr(), qkv.stride(0), tokens, heads.num_heads, heads.num_kv_heads, dim,
+                                 cos.data_ptr(), sin.data_ptr(), q.data_ptr(), slots.data_ptr(), k_cache.data_ptr(),
+                                 v_cache.data_ptr(), int(k_cache.dtype == torch.float16))
+        if rc != 0:
+            raise ValueError(f"rope_store: head_dim {dim} odd or heads too wide")
+        return q
+
     def set_isa(self, isa: str) -> str:
         """Run the kernels of level `isa` (one of ISAS, or "best"), or the best this CPU has below it, for
         tests; returns the level now in use."""
@@ -93,6 +113,7 @@ def load_library() -> CpuLibrary | None:
         lib = ctypes.CDLL(path)
         lib.qlin_set_isa.argtypes = [ctypes.c_int]
         lib.add_rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+        lib.rope_store.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 6 + [ctypes.c_int]
         threads = int(os.environ.get("QLINEAR_THREADS", "0")) or torch.get_num_threads()
         return CpuLibrary(lib, path, lib.qlin_init_threads(threads), ISAS[lib.qlin_cpu_isa()])
     except (OSError, AttributeError) as e:

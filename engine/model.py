@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend
+from engine.attention import AttentionBackend, HeadShape
 from engine.cpu_kernels import CpuLibrary, fast_library
 from engine.model_config import ModelConfig
-from engine.rope import RotaryEmbedding, rotate
+from engine.rope import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -53,22 +53,16 @@ def cpu_library_for(x: torch.Tensor) -> CpuLibrary | None:
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
+        self.heads = HeadShape(config.num_heads, config.num_kv_heads, config.head_dim)
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
     def forward(self, x, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Any) -> torch.Tensor:
         """cos/sin: RotaryEmbedding.lookup(positions) of this step's tokens."""
-        qkv = self.qkv_proj(x)
-        tokens, qk_size = qkv.shape[0], self.q_size + self.kv_size
-        # q and k heads side by side in qkv: one rotation for both
-        qk = rotate(qkv[:, :qk_size].view(tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, self.head_dim)
-        out = backend.attend(q, k, v, k_cache, v_cache, meta)
+        out = backend.attend_qkv(self.qkv_proj(x), self.heads, cos, sin, k_cache, v_cache, meta)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 

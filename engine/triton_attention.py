@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from engine import triton_kernels
+from engine.attention import HeadShape, split_rotated
 from engine.batch_layout import BatchLayout
 
 
@@ -51,6 +52,9 @@ class TritonAttention:
             max_query_len=int(layout.query_lens[d:].max()) if layout.num_seqs > d else 0,
             block_size=layout.block_size,
         )
+
+    def attend_qkv(self, qkv, heads: HeadShape, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
+        return self.attend(*split_rotated(qkv, heads, cos, sin), k_cache, v_cache, meta)
 
     def attend(self, q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata) -> torch.Tensor:
         # Writing first lets both kernels read every key from one place, the paged cache.
