@@ -7,7 +7,7 @@ which the loader does when it reads a checkpoint.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,9 @@ from engine.attention import AttentionBackend, HeadShape
 from engine.cpu_kernels import CpuLibrary, fast_library
 from engine.model_config import ModelConfig
 from engine.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from engine.cpu_decode import CpuDecodeLayers
 
 
 class RMSNorm(nn.Module):
@@ -104,6 +107,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.decode_layers: CpuDecodeLayers | None = None   # set by the loader where the C layer applies
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor,
                 backend: AttentionBackend, kv_cache: torch.Tensor, meta: Any) -> torch.Tensor:
@@ -116,6 +120,9 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = m.rotary.lookup(positions)
         # each residual add runs with the norm after it (the next layer's input norm, fused)
         x = layers[0].input_layernorm(h)
+        if self.decode_layers is not None and self.decode_layers.applies(meta, h.shape[0]):
+            x = self.decode_layers.run(h, x, cos, sin, backend, kv_cache, meta)
+            return self.lm_head(x[logits_indices]).float()
         for i, layer in enumerate(layers):
             h, x = layer.post_attention_layernorm.add_norm(
                 h, layer.self_attn(x, cos, sin, backend, kv_cache[i, 0], kv_cache[i, 1], meta))

@@ -12,6 +12,7 @@ import torch
 from engine.attention import make_attention_backend
 from engine.batch_layout import BatchLayout
 from engine.checkpoint import Checkpoint, fuse_projections, fuse_quantized
+from engine.cpu_decode import CpuDecodeLayers
 from engine.model import LlamaForCausalLM
 from engine.quantized_linear import (QuantizedEmbedding, QuantizedLinear, QuantizedPath, QuantizedTensor, QuantKernels,
                                      load_kernels, measure_crossover)
@@ -144,6 +145,8 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary = type(model.model.rotary)(checkpoint.config, max_positions).to(device)
+    if path is not None and device.type == "cpu":
+        model.decode_layers = CpuDecodeLayers.build(model)
     return model.eval(), path
 
 
