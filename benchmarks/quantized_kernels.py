@@ -9,7 +9,8 @@ same weights dequantized to fp32, side by side in one run:
   prefill    tokens/s of --chunk-token prefill chunks (budget = chunk), both modes, and the quantized
              mode with every step forced onto the kernels (what the crossover avoids)
   linear     GMAC/s of the model's linear layers (one layer's four and the LM head) at --linear-rows rows:
-             the kernels' 16-bit path, their fp32 panel path, and torch's fp32 matmul on the same weights
+             on GGUF's layout the kernels' 16-bit path and their fp32 panel path, on rows interleaved
+             for VNNI (where the CPU has it) the x16 path, and torch's fp32 matmul on the same weights
              dequantized beforehand
   floor      weight bytes one decode step streams (every layer matrix and the LM head once) over the
              copy bandwidth: batch-1 decode time / floor says how close a step is to the memory limit
@@ -44,7 +45,9 @@ from bench_common import MachineInfo, add_contention_args, build_prompts, emit_s
 import torch  # after bench_common, which imports the engine first (OpenMP wait policy)
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.llm_engine import release_freed_memory
-from engine.quantized_linear import PANEL_ROWS, QuantizedLinear, best_time
+from engine.checkpoint import fuse_quantized, load_checkpoint
+from engine.model_runner import merge_same_type
+from engine.quantized_linear import PANEL_ROWS, QuantizedLinear, QuantizedPath, best_time
 from policies import Knobs
 from step_time import StepStats, measure_decode, measure_prefill
 
@@ -216,29 +219,44 @@ def fresh_rss_mib(weights: str) -> dict[str, float]:
     return {"rss": rss, "kv_pool": kv}
 
 
+def gguf_layout_linears(model: torch.nn.Module, kernels) -> list[QuantizedLinear]:
+    """Layer 0's four projections and the LM head in GGUF's own row-after-row layout, read again from the
+    bundled file (the engine's are interleaved where the CPU has VNNI), same-type parts merged as the
+    loader merges them."""
+    config = model.config
+    fused = fuse_quantized(load_checkpoint(None, weights="quantized").quantized, config)
+    names = [f"model.layers.0.self_attn.{n}" for n in ("qkv_proj", "o_proj")]
+    names += [f"model.layers.0.mlp.{n}" for n in ("gate_up_proj", "down_proj")] + ["lm_head"]
+    return [QuantizedLinear(merge_same_type(fused[n]), None, QuantizedPath(kernels, 1 << 30)) for n in names]
+
+
 def linear_paths(args: argparse.Namespace) -> list[dict]:
     """GMAC/s of the model's linear layers (layer 0's fused QKV, O, fused gate/up and down, and the LM
-    head), per row count: the kernels' 16-bit path and fp32 panel path (each forced), and torch's fp32
-    matmul on the same weights already dequantized (no dequantization counted)."""
+    head), per row count: on GGUF's layout the kernels' 16-bit path and fp32 panel path (each forced), on
+    rows interleaved in groups of 16 the VNNI path (where the CPU has it: what the engine runs there), and
+    torch's fp32 matmul on the same weights already dequantized (no dequantization counted)."""
     engine = build_engine(args, "quantized", 1 << 30)
     model = engine.runner.model
     layer = model.model.layers[0]
-    linears = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj,
-               model.lm_head]
+    engine_linears = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj,
+                      model.lm_head]
     kernels = engine.runner.quantized_path.kernels
+    interleaved = all(p.interleaved for linear in engine_linears for p in linear.parts)
     rows_out = []
     for n in args.linear_rows:
-        times = {"int16": 0.0, "panel": 0.0, "fp32": 0.0}
+        times = {"int16": 0.0, "panel": 0.0, "fp32": 0.0} | ({"x16": 0.0} if interleaved else {})
         macs = 0
-        for linear in linears:
+        for linear, row_major in zip(engine_linears, gguf_layout_linears(model, kernels)):
             x = torch.randn(n, linear.in_features)
-            dense = torch.cat([kernels.dequantize(p) for p in linear.parts])
+            dense = torch.cat([kernels.dequantize(p) for p in row_major.parts])
             for path, rows in (("int16", 1 << 30), ("panel", 1)):
                 kernels.set_panel_rows(rows)
-                times[path] += best_time(lambda: linear.quantized(x), 5)
+                times[path] += best_time(lambda: row_major.quantized(x), 5)
+            kernels.set_panel_rows(PANEL_ROWS)
+            if interleaved:
+                times["x16"] += best_time(lambda: linear.quantized(x), 5)
             times["fp32"] += best_time(lambda: torch.matmul(x, dense.t()), 5)
             macs += n * linear.in_features * linear.out_features
-        kernels.set_panel_rows(PANEL_ROWS)
         rows_out.append({"rows": n} | {path: macs / t / 1e9 for path, t in times.items()})
         print(f"linear layers, {n} rows: " + ", ".join(f"{k} {v:.1f}" for k, v in rows_out[-1].items() if k != "rows")
               + " GMAC/s")
