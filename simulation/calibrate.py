@@ -23,6 +23,7 @@ from simulation.cost_model import CostModel, StepShape, fit_cost_model
 from engine.llm_engine import LLMEngine
 from simulation.machine import machine_fingerprint
 from engine.outputs import StepRecord
+from engine.quantized_linear import CROSSOVER_ROWS   # step rows timed on both paths
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledRequest, ScheduleResult
@@ -37,7 +38,7 @@ CHUNK_CONTEXTS = (0, 256, 1024, 3072)
 MAX_OTHER_LOAD = 0.10     # other processes' CPU share above which a point is measured again
 MAX_RETAKES = 3
 RETAKE_PAUSE_S = 2.0
-CROSSOVER_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)   # decode batches timed on both paths of a quantized model
+CROSSOVER_DECODES = 128   # up to this many rows a crossover step is a decode batch, above it one prefill chunk
 MIN_POINTS = 24           # a time-limited calibration measures at least this many (7 features, a holdout)
 
 
@@ -130,14 +131,17 @@ def measure(engine: LLMEngine, point: GridPoint, repeats: int, retakes: int | No
 
 
 def measure_step_crossover(engine: LLMEngine, repeats: int, retakes: int | None = None) -> int:
-    """The largest decode batch up to which whole steps on the quantized kernels beat the same steps
+    """The largest step up to which whole steps on the quantized kernels beat the same steps
     dequantized to the fp32 GEMM (stopping at the first loss), set as the engine's crossover. The
     start-up's guess times one matrix alone; the whole step (attention, norms, the LM head beside the
-    matmuls) is what the cost model prices, so the crossover is measured on it."""
+    matmuls) is what the cost model prices, so the crossover is measured on it. Steps are decode
+    batches up to CROSSOVER_DECODES rows and single prefill chunks above (where the interleaved VNNI
+    kernels still win, engine/csrc/qlinear_x16.c)."""
     runner, blocks = engine.runner, engine.block_manager
     best, timings = 0, []
     for rows in CROSSOVER_ROWS:
-        point = GridPoint(rows, DECODE_CONTEXTS[0], 0, 0)
+        point = (GridPoint(rows, DECODE_CONTEXTS[0], 0, 0) if rows <= CROSSOVER_DECODES
+                 else GridPoint(0, DECODE_CONTEXTS[0], rows, 0))
         if rows > engine.config.max_token_budget or point.kv_blocks(blocks.block_size) > blocks.num_free_blocks:
             break
         runner.set_quantized_max_rows(rows)
