@@ -17,7 +17,14 @@ and the wall time. Servers:
   tokens), `-np --slots` parallel slots and `-c slots x --ctx-per-slot`, `-t` = all cores;
   the issue asks for N in {32, 64, 128, 512} and the best one counts.
 - `daemon`: `autotuned-serve serve --no-tune` with a fresh --state-dir (plus --daemon-args), so it
-  calibrates its cost model at start-up (about a minute, part of the start-up time recorded).
+  calibrates its cost model at start-up where no shipped calibration describes the machine (about a
+  minute, part of the start-up time recorded). Its default policy is `deadline` (#13).
+- `daemon-POLICY-N`: the same with `--policy POLICY --token-budget N`, e.g. `daemon-sarathi-64` (a
+  plain token budget of 64, the deadline inner loop off): a grid of these is the best static token
+  budget that #13's deadline-aware steps are measured against, in the same run.
+
+The kernels' code follows QLINEAR_ISA in the environment (engine/cpu_kernels.py): QLINEAR_ISA=avx2
+runs the daemon as on a CPU without AVX-512, like llama.cpp built with GGML_NATIVE=OFF.
 
 Every server gets token-id prompts unless --text-prompts (then all get text). llama.cpp ends each
 stream with a choice of empty text carrying the finish reason, which the bench client counts as a
@@ -61,7 +68,8 @@ sys.path.insert(0, ROOT)
 
 from telemetry.other_load import OtherLoad  # noqa: E402
 
-TARGET_RATIO = 1.3
+TARGET_RATIO = 1.3            # #15: the daemon against llama.cpp's best step size
+DEADLINE_TARGET_RATIO = 1.15  # #13: deadline-aware steps against the best static token budget
 DEFAULT_CONFIGS = "llama-b32,llama-b64,llama-b128,llama-b512,daemon"
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 
@@ -69,7 +77,7 @@ ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "am
 @dataclass(frozen=True)
 class ServerSpec:
     """One server configuration of the comparison."""
-    name: str           # as given in --configs: llama-b32, ..., daemon
+    name: str           # as given in --configs: llama-b32, ..., daemon, daemon-sarathi-64
     server: str         # "llama.cpp" or "autotuned-serve"
     config: str         # human-readable settings for the table
     argv: tuple[str, ...]
@@ -166,21 +174,30 @@ def llama_spec(name: str, args: argparse.Namespace, gguf: str, port: int) -> Ser
     return ServerSpec(name, "llama.cpp", (config + " " + args.llama_args).strip(), argv)
 
 
-def daemon_spec(args: argparse.Namespace, gguf: str, port: int, state_dir: str) -> ServerSpec:
-    extra = shlex.split(args.daemon_args)
+def daemon_spec(name: str, args: argparse.Namespace, gguf: str, port: int, state_dir: str) -> ServerSpec:
+    """`daemon`, or `daemon-POLICY-N`: that policy at a token budget of N."""
+    policy, _, budget = name.removeprefix("daemon").removeprefix("-").rpartition("-")
+    knobs = ["--policy", policy, "--token-budget", budget] if policy else []
+    extra = knobs + shlex.split(args.daemon_args)
     argv = (sys.executable, "-m", "serving.cli", "serve", "--model", gguf, "--host", "127.0.0.1",
             "--port", str(port), "--no-tune", "--state-dir", state_dir, *extra)
-    return ServerSpec("daemon", "autotuned-serve", " ".join(["--no-tune", *extra]), argv)
+    return ServerSpec(name, "autotuned-serve", " ".join(["--no-tune", *extra]), argv)
+
+
+def is_daemon_config(name: str) -> bool:
+    policy, _, budget = name.removeprefix("daemon").removeprefix("-").rpartition("-")
+    return name == "daemon" or (name.startswith("daemon-") and bool(policy) and budget.isdigit())
 
 
 def make_spec(name: str, args: argparse.Namespace, gguf: str, port: int, workdir: str) -> ServerSpec:
-    if name == "daemon":
-        return daemon_spec(args, gguf, port, os.path.join(workdir, "state"))
+    if is_daemon_config(name):
+        return daemon_spec(name, args, gguf, port, os.path.join(workdir, "state"))
     if name.startswith("llama-b") and name.removeprefix("llama-b").isdigit():
         if not args.llama_server:
             raise SystemExit("llama.cpp configs need --llama-server (see benchmarks/build_llama_cpp.sh)")
         return llama_spec(name, args, gguf, port)
-    raise SystemExit(f"unknown config {name!r}: expected llama-bN (N = step size in tokens) or daemon")
+    raise SystemExit(f"unknown config {name!r}: expected llama-bN (N = step size in tokens), daemon or "
+                     f"daemon-POLICY-N (e.g. daemon-sarathi-64)")
 
 
 # ---- one server: start, check, measure, stop ---------------------------------------------------------
@@ -301,6 +318,12 @@ def best_llama(results: list[ServerResult]) -> ServerResult | None:
     return max(llama, key=lambda r: r.capacity_qps) if llama else None
 
 
+def best_static_daemon(results: list[ServerResult]) -> ServerResult | None:
+    """The best of the daemon-POLICY-N configs (static token budgets)."""
+    static = [r for r in results if r.spec.name.startswith("daemon-") and r.capacity_qps]
+    return max(static, key=lambda r: r.capacity_qps) if static else None
+
+
 def ratio(r: ServerResult, best: ServerResult | None) -> float | None:
     return r.capacity_qps / best.capacity_qps if best and r.capacity_qps is not None else None
 
@@ -315,7 +338,9 @@ def markdown(results: list[ServerResult], machine: Machine, args: argparse.Names
     lines = [f"Chat capacity under P50 TTFT <= {args.slo_ttft_s:g} s, P99 TBT <= {args.slo_tbt_s:g} s "
              f"({args.workload}, {args.num_requests} requests per probe, "
              f"{'text' if args.text_prompts else 'token-id'} prompts)", "",
-             f"Machine: {machine.cpu_model}, {machine.nproc} CPUs ({isa}); llama.cpp: {machine.llama_cpp_version}", "",
+             f"Machine: {machine.cpu_model}, {machine.nproc} CPUs ({isa}); llama.cpp: {machine.llama_cpp_version}"
+             + (f"; the daemon's kernels capped at QLINEAR_ISA={os.environ['QLINEAR_ISA']}"
+                if "QLINEAR_ISA" in os.environ else ""), "",
              "| server | config | capacity (req/s) | first failing (req/s) | probes | x best llama.cpp "
              "| other CPU | wall (min) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -329,13 +354,20 @@ def markdown(results: list[ServerResult], machine: Machine, args: argparse.Names
         ours = [r for r in results if r.spec.server == "autotuned-serve" and r.capacity_qps is not None]
         lines += [f"{r.spec.name}: {ratio(r, best):.2f}x the best llama.cpp config "
                   f"(issue #15's target: >= {TARGET_RATIO:g}x)" for r in ours]
+    static, default = best_static_daemon(results), next((r for r in results if r.spec.name == "daemon"), None)
+    if static and default and default.capacity_qps is not None:
+        lines += ["", f"Best static token budget: `{static.spec.config}` at {static.capacity_qps:.3f} req/s; "
+                      f"the daemon's default (deadline-aware steps) is {ratio(default, static):.2f}x it "
+                      f"(issue #13's target: >= {DEADLINE_TARGET_RATIO:g}x)."]
     return "\n".join(lines) + "\n"
 
 
 def write_report(results: list[ServerResult], machine: Machine, args: argparse.Namespace, gguf: str) -> None:
     best = best_llama(results)
+    static = best_static_daemon(results)
     doc = {"machine": asdict(machine), "gguf": gguf, "settings": vars(args),
            "best_llama_cpp": best.spec.name if best else None,
+           "best_static_daemon": static.spec.name if static else None,
            "servers": [{**asdict(r), "ratio_to_best_llama_cpp": ratio(r, best)} for r in results]}
     with open(os.path.join(args.out_dir, "llama_cpp_capacity.json"), "w") as f:
         json.dump(doc, f, indent=2)
@@ -351,8 +383,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
-                   help=f"comma-separated, run in this order: llama-bN (-b/-ub N) and/or daemon "
-                        f"(default {DEFAULT_CONFIGS})")
+                   help=f"comma-separated, run in this order: llama-bN (-b/-ub N), daemon and/or "
+                        f"daemon-POLICY-N (--policy POLICY --token-budget N) (default {DEFAULT_CONFIGS})")
     p.add_argument("--llama-server", default=None, help="the llama-server binary (benchmarks/build_llama_cpp.sh)")
     p.add_argument("--gguf", default=None, help="model file for every server (default: the bundled SmolLM2 GGUF)")
     p.add_argument("--slots", type=int, default=16, help="llama-server -np (default 16)")
@@ -386,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     gguf = args.gguf or bundled_gguf()
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    machine = describe_machine(args.llama_server if any(n != "daemon" for n in names) else None)
+    machine = describe_machine(args.llama_server if not all(map(is_daemon_config, names)) else None)
     print(f"{machine.cpu_model}, {machine.nproc} CPUs, load {machine.load_avg_1m:.2f}; "
           f"llama.cpp {machine.llama_cpp_version}; model {gguf}", flush=True)
     results: list[ServerResult] = []

@@ -10,7 +10,7 @@ same weights dequantized to fp32, side by side in one run:
              mode with every step forced onto the kernels (what the crossover avoids)
   linear     GMAC/s of the model's linear layers (one layer's four and the LM head) at --linear-rows rows:
              on GGUF's layout the kernels' 16-bit path and their fp32 panel path, on rows interleaved
-             for VNNI (where the CPU has it) the x16 path, and torch's fp32 matmul on the same weights
+             in groups of 16 the x16 path (VNNI or AVX2), and torch's fp32 matmul on the same weights
              dequantized beforehand
   floor      weight bytes one decode step streams (every layer matrix and the LM head once) over the
              copy bandwidth: batch-1 decode time / floor says how close a step is to the memory limit
@@ -29,6 +29,7 @@ processes keep busy, 1 thread times the work itself, where 2 wait on descheduled
     python benchmarks/quantized_kernels.py
     python benchmarks/quantized_kernels.py --batch-sizes 1 8 --steps 5 --json /tmp/quantized.json
     python benchmarks/quantized_kernels.py --threads 1
+    QLINEAR_ISA=avx2 python benchmarks/quantized_kernels.py    # the kernels as on a CPU without AVX-512
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ def fresh_rss_mib(weights: str) -> dict[str, float]:
 
 def gguf_layout_linears(model: torch.nn.Module, kernels) -> list[QuantizedLinear]:
     """Layer 0's four projections and the LM head in GGUF's own row-after-row layout, read again from the
-    bundled file (the engine's are interleaved where the CPU has VNNI), same-type parts merged as the
+    bundled file (the engine's are interleaved wherever the AVX2 kernels run), same-type parts merged as the
     loader merges them."""
     config = model.config
     fused = fuse_quantized(load_checkpoint(None, weights="quantized").quantized, config)
@@ -233,7 +234,7 @@ def gguf_layout_linears(model: torch.nn.Module, kernels) -> list[QuantizedLinear
 def linear_paths(args: argparse.Namespace) -> list[dict]:
     """GMAC/s of the model's linear layers (layer 0's fused QKV, O, fused gate/up and down, and the LM
     head), per row count: on GGUF's layout the kernels' 16-bit path and fp32 panel path (each forced), on
-    rows interleaved in groups of 16 the VNNI path (where the CPU has it: what the engine runs there), and
+    rows interleaved in groups of 16 the x16 path (VNNI or AVX2: what the engine runs there), and
     torch's fp32 matmul on the same weights already dequantized (no dequantization counted)."""
     engine = build_engine(args, "quantized", 1 << 30)
     model = engine.runner.model

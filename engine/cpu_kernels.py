@@ -18,7 +18,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -35,16 +35,17 @@ class CpuLibrary:
     lib: ctypes.CDLL
     path: str
     threads: int        # the pool's size, the caller included
-    isa: str            # the best code this CPU runs: "avx2" (AVX2/FMA/F16C), "avx512" (also F, BW, VNNI), "scalar"
+    isa: str            # the code in use at load: the best this CPU runs ("avx2": AVX2/FMA/F16C, "avx512": also
+                        # F, BW, VNNI; else "scalar"), or lower where QLINEAR_ISA caps it
 
     @property
     def avx2(self) -> bool:
-        """The CPU runs the AVX2 kernels (else they are portable scalar C)."""
+        """The kernels run their AVX2 code or better (else they are portable scalar C)."""
         return self.isa != "scalar"
 
     @property
     def avx512(self) -> bool:
-        """The CPU runs the AVX-512 VNNI kernels on interleaved weights (engine/csrc/qlinear_x16.c)."""
+        """The kernels run their AVX-512 VNNI code."""
         return self.isa == "avx512"
 
     def park(self) -> None:
@@ -100,10 +101,19 @@ def library_path() -> str | None:
     return spec.origin if spec is not None and spec.origin else None
 
 
+def isa_cap() -> str:
+    """QLINEAR_ISA: the highest level of code the kernels may run ("best" by default; e.g. "avx2" on an
+    AVX-512 CPU to run what an AVX2-only one would, as llama.cpp built with GGML_NATIVE=OFF does)."""
+    isa = os.environ.get("QLINEAR_ISA", "best")
+    if isa != "best" and isa not in ISAS:
+        raise ValueError(f"QLINEAR_ISA={isa!r}: expected one of best, {', '.join(ISAS)}")
+    return isa
+
+
 @functools.cache
 def load_library() -> CpuLibrary | None:
-    """The library with its thread pool started (QLINEAR_THREADS threads, default torch's count), or
-    None, logged once, where it was not built or did not load."""
+    """The library with its thread pool started (QLINEAR_THREADS threads, default torch's count) and its
+    code chosen (`isa_cap`), or None, logged once, where it was not built or did not load."""
     path = library_path()
     if path is None:
         log.warning("CPU kernels not built (no engine/%s*.so; reinstall with pip install -e .): GGUF weights "
@@ -115,7 +125,8 @@ def load_library() -> CpuLibrary | None:
         lib.add_rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
         lib.rope_store.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 6 + [ctypes.c_int]
         threads = int(os.environ.get("QLINEAR_THREADS", "0")) or torch.get_num_threads()
-        return CpuLibrary(lib, path, lib.qlin_init_threads(threads), ISAS[lib.qlin_cpu_isa()])
+        library = CpuLibrary(lib, path, lib.qlin_init_threads(threads), ISAS[lib.qlin_cpu_isa()])
+        return replace(library, isa=library.set_isa(isa_cap()))
     except (OSError, AttributeError) as e:
         log.warning("CPU kernels in %s did not load (%s): GGUF weights are dequantized and decode attention "
                     "gathers the KV cache for SDPA", path, e)

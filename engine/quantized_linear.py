@@ -3,9 +3,9 @@
 The kernels are engine/csrc/qlinear.c, in the library of engine/cpu_kernels.py. A decode step
 streams every weight once: Q4_1's 0.625 bytes per weight instead of fp32's 4 is what makes it
 faster, so the kernels run steps of up to `max_rows` rows (16-bit dot products below PANEL_ROWS
-rows, fp32 tiles on panels dequantized into L1 from there). Where the CPU has AVX-512 VNNI, the
-loader interleaves Q4_0/Q4_1/Q8_0 rows in groups of 16 for engine/csrc/qlinear_x16.c, whose 16-bit
-products run at every row count (`QuantKernels.interleave`). A larger step may go faster on MKL's
+rows, fp32 tiles on panels dequantized into L1 from there). Where the CPU has AVX2 (and faster
+with AVX-512 VNNI), the loader interleaves Q4_0/Q4_1/Q8_0 rows in groups of 16 for
+engine/csrc/qlinear_x16.c, whose 16-bit products run at every row count (`QuantKernels.interleave`). A larger step may go faster on MKL's
 fp32 GEMM; those steps dequantize each weight (a chunk at a time, into a reused buffer) and call
 torch's matmul, so no dense copy of the model is kept. `measure_crossover` picks `max_rows` on the
 machine.
@@ -96,7 +96,7 @@ class QuantizedTensor:
 
     @property
     def interleavable(self) -> bool:
-        """The AVX-512 VNNI kernels have an interleaved layout for it (whole groups of 16 rows)."""
+        """The interleaved kernels (engine/csrc/qlinear_x16.c) have a layout for it (whole groups of 16 rows)."""
         return not self.interleaved and self.qtype in INTERLEAVED_TYPES and self.rows % INTERLEAVE_ROWS == 0
 
     def take_rows(self, index: torch.Tensor) -> QuantizedTensor:
@@ -183,7 +183,7 @@ class QuantKernels:
         return out
 
     def interleave(self, w: QuantizedTensor) -> QuantizedTensor:
-        """w with its rows interleaved in groups of 16 for the AVX-512 VNNI kernels (same bytes, moved)."""
+        """w with its rows interleaved in groups of 16 for engine/csrc/qlinear_x16.c (same bytes, moved)."""
         out = torch.empty_like(w.data)
         self._check(self.lib.qlin_x16_repack(w.qtype, w.data.data_ptr(), w.rows, w.cols, out.data_ptr()), w)
         return QuantizedTensor(w.qtype, w.rows, w.cols, out, w.name, interleaved=True)

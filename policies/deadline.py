@@ -9,6 +9,13 @@ prompt of that class arriving during a step can wait it out and still make its T
 interactive decode running, steps grow toward that bound (throughput), never to a whole 2048-token
 step of a batch prompt. The token budget stays a hard cap.
 
+With `ttft_pace` p > 0 a step carries no more prefill than keeps every waiting prompt's first token
+p times faster than its deadline requires (the earliest-deadline-first pace of the queue, at the
+step's predicted time), and never less than a chunk worth a step (MIN_PACED_CHUNK, the model's
+tile): when prompts are far from their deadlines, steps stay short and every decode's token gap
+with them, instead of filling the slack for a TTFT nobody needs. On a machine whose step time is
+close to linear in tokens (the CPU kernels) a longer step buys no throughput, only longer gaps.
+
 Two ways past the slack, both bounded:
 - `prefill_priority` x budget is a floor of prefill tokens per step while prompts wait, so decode
   overload cannot stop admission (0 = deadlines only);
@@ -37,6 +44,8 @@ from policies.step_builder import StepBuilder
 from policies.view import SchedulerView, SequenceState, StepCost, remaining_tokens
 
 UNBOUNDED = math.inf
+MIN_PACED_CHUNK = 32   # paced prefill never takes smaller chunks: below this a step is mostly its decodes
+PACE_PROBE = 64        # prefill tokens over which the per-token cost of a chunk is read off the model
 
 
 class StepTime:
@@ -105,11 +114,17 @@ class StepTime:
         return down if (self.with_chunk(seq, down) - base) / down <= (self.with_chunk(seq, n) - base) / n else n
 
 
+def candidates_of(step: StepBuilder, view: SchedulerView) -> list[tuple[SequenceState, bool]]:
+    """Prompts part-way through their prefill and waiting ones (flagged True), earliest TTFT deadline first."""
+    return sorted([(s, False) for s in step.partial_prefills()] + [(s, True) for s in view.waiting],
+                  key=lambda c: c[0].ttft_deadline)
+
+
 class DeadlinePolicy:
     name = "deadline"
     help = ("deadline-aware: decodes first, then prefill chunks in TTFT-deadline order sized by the cost model "
             "to the tightest TBT slack; the TBT percentile's error budget pays for rescuing late prompts")
-    knobs = ("token_budget", "max_num_seqs", "step_headroom", "error_budget", "prefill_priority",
+    knobs = ("token_budget", "max_num_seqs", "step_headroom", "error_budget", "ttft_pace", "prefill_priority",
              "max_partial_prefills", "long_prefill_token_threshold", "kv_admission_watermark")
 
     def plan(self, view: SchedulerView, knobs: Knobs) -> BatchPlan:
@@ -126,13 +141,13 @@ class DeadlinePolicy:
     def _prefills(self, step: StepBuilder, view: SchedulerView, knobs: Knobs, time: StepTime | None,
                   target: float, decodes: list[SequenceState]) -> None:
         floor = round(knobs.prefill_priority * knobs.token_budget)
+        candidates = candidates_of(step, view)
+        paced = self._paced_tokens(time, candidates, view.now, knobs.ttft_pace) \
+            if time and knobs.ttft_pace > 0 else UNBOUNDED
         spendable = math.floor(knobs.error_budget * view.tolerated_long_gaps) - view.long_gaps
         cap = knobs.long_prefill_token_threshold or knobs.token_budget
         keep = int(knobs.kv_admission_watermark * view.total_blocks) if step.running else 0
-        partial = step.partial_prefills()
-        num_partial, prefilled = len(partial), 0
-        candidates = sorted([(s, False) for s in partial] + [(s, True) for s in view.waiting],
-                            key=lambda c: c[0].ttft_deadline)
+        num_partial, prefilled = sum(not waiting for _, waiting in candidates), 0
         for seq, waiting in candidates:
             if waiting and num_partial >= knobs.max_partial_prefills:
                 return
@@ -140,7 +155,7 @@ class DeadlinePolicy:
             room = min(step.tokens_left, cap, need)
             if room <= 0:
                 return
-            n = time.largest_chunk(seq, room, target) if time else room
+            n = time.largest_chunk(seq, min(room, max(paced - prefilled, 0)), target) if time else room
             n = max(n, min(room, floor - prefilled))
             rescue = time.largest_chunk(seq, room, view.arrival_guard_s) if time else 0
             rescued = (time is not None and n < rescue and time.seconds() <= target
@@ -159,6 +174,30 @@ class DeadlinePolicy:
                 time.add_chunk(seq, n)
             if rescued:
                 return       # the step is as long as the budget paid for; nothing more rides on it
+
+    @staticmethod
+    def _paced_tokens(time: StepTime, candidates: list[tuple[SequenceState, bool]], now: float,
+                      pace: float) -> float:
+        """Prefill tokens this step needs for the queue to keep `pace` x the earliest-deadline-first
+        rate its deadlines need: the largest (prompt tokens due by a deadline) / (time to it). A step
+        of P prefill tokens takes T0 + c P (T0: its decodes; c: a chunk's cost per token), so the
+        rate P / (T0 + c P) reaches r at P = r T0 / (1 - r c); unbounded where r c >= 1 or a
+        deadline has passed (the slack alone sizes the step)."""
+        if not candidates:
+            return 0
+        due, rate = 0, 0.0
+        for seq, _ in candidates:
+            due += remaining_tokens(seq)
+            left = seq.ttft_deadline - now
+            if left <= 0:
+                return UNBOUNDED
+            rate = max(rate, due / left)
+        base, first = time.seconds(), candidates[0][0]
+        per_token = max(time.with_chunk(first, PACE_PROBE) - base, 0.0) / PACE_PROBE
+        r = pace * rate
+        if r * per_token >= 1:
+            return UNBOUNDED
+        return max(math.ceil(r * base / (1 - r * per_token)), MIN_PACED_CHUNK, time.cost.tile_tokens)
 
     @staticmethod
     def _at_risk(time: StepTime, seq: SequenceState, n: int, now: float) -> bool:

@@ -50,6 +50,8 @@ KNOB_SPECS: dict[str, KnobSpec] = {
     "kv_low_watermark": KnobSpec(float, 0, 1, help="KV usage below which prefill-priority admits again"),
     "step_headroom": KnobSpec(float, 0.1, 2, help="share of the tightest running decode's TBT slack a step's "
                               "predicted time may fill (deadline policy)"),
+    "ttft_pace": KnobSpec(float, 0, 64, help="prefill no faster than this many times the rate the waiting "
+                          "prompts' TTFT deadlines need; 0 = as fast as the TBT slack allows (deadline policy)"),
     "error_budget": KnobSpec(float, 0, 1, help="share of the long token gaps the TBT percentile tolerates that "
                              "steps may spend on prompts whose TTFT is at risk (deadline policy)"),
     "queue_order": KnobSpec(str, choices=("fcfs", "spf"), help="waiting queue order: first come first served, "
@@ -71,6 +73,7 @@ class Knobs:
     queue_order: str = "fcfs"
     step_headroom: float = 0.9
     error_budget: float = 0.5
+    ttft_pace: float = 0.0
     version: int = 0
 
     def __post_init__(self) -> None:

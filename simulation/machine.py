@@ -3,6 +3,7 @@ fitted on one machine is not used to price steps on another (a faster CPU, anoth
 
 from __future__ import annotations
 
+import os
 import platform
 from functools import cache
 from pathlib import Path
@@ -27,7 +28,9 @@ def _cpu_fingerprint() -> str:
     name, flags = _cpu_info()
     cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
     isa = next((f for f in CPU_FEATURES if f in flags), "baseline")
-    return f"cpu: {name}, {cores} cores, {isa}"
+    # kernels capped below the CPU's best (engine/cpu_kernels.py) run at another speed: another machine
+    cap = os.environ.get("QLINEAR_ISA", "best")
+    return f"cpu: {name}, {cores} cores, {isa}" + ("" if cap == "best" else f", kernels capped at {cap}")
 
 
 def _cpu_info() -> tuple[str, set[str]]:

@@ -250,3 +250,18 @@ def test_error_budget_counts_gaps_over_each_class_target_and_forgets_past_its_ho
     budget.observe([first], now=1.0)                 # a first token is TTFT, not a gap
     assert budget.state(1.0)[1] == 1
     assert budget.state(61.0) == (0.0, 0)
+
+
+def test_ttft_pace_keeps_steps_short_while_deadlines_are_far_and_lets_them_grow_when_near():
+    running = [decode(0, 0.0), decode(1, 0.0)]
+    unpaced = prefill_tokens(POLICY.plan(view(running, [waiting(0, 200)]), Knobs(token_budget=4096)))
+    assert 150 < unpaced < 225                                        # the whole 225 ms target, as above
+    paced = Knobs(token_budget=4096, ttft_pace=2.0)
+    # 200 tokens due in 2 s, twice as fast: 200 tokens/s, a few tokens a ~20 ms step: the smallest paced chunk
+    assert prefill_tokens(POLICY.plan(view(running, [waiting(0, 200)]), paced)) == 32
+    # eight such prompts at pace 1: 800 tokens/s; P / (20.3 ms + 1 ms x P) = 800 at P ~ 81
+    queue = [waiting(i, 200) for i in range(8)]
+    assert 70 < prefill_tokens(POLICY.plan(view(running, queue), Knobs(token_budget=4096, ttft_pace=1.0))) < 95
+    # due in 0.2 s: no pace is fast enough, so the slack alone sizes the step again
+    near = prefill_tokens(POLICY.plan(view(running, [waiting(0, 200, arrived_ago=1.8)]), paced))
+    assert near == unpaced

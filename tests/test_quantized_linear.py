@@ -47,9 +47,9 @@ def isa(request):
     yield from use_isa(request.param)
 
 
-@pytest.fixture(params=["avx512", "scalar"])
+@pytest.fixture(params=["avx512", "avx2", "scalar"])
 def x16_isa(request):
-    """The interleaved layout's kernels: AVX-512 VNNI, and the portable code (as on CPUs without it)."""
+    """The interleaved layout's kernels: AVX-512 VNNI, AVX2 and the portable code (as on CPUs without either)."""
     yield from use_isa(request.param)
 
 
@@ -326,7 +326,7 @@ def test_loader_keeps_supported_types_and_dequantizes_the_rest(mixed_gguf):
     # q and k (both Q8_0) merged into one part, v (Q4_0) beside it; gate and up (Q8_0) as one
     assert [(p.type_name, p.rows) for p in layer.self_attn.qkv_proj.parts] == [("Q8_0", 64 + 32), ("Q4_0", 32)]
     assert [(p.type_name, p.rows) for p in layer.mlp.gate_up_proj.parts] == [("Q8_0", 2 * 128)]
-    assert all(p.interleaved == KERNELS.avx512 for p in layer.self_attn.qkv_proj.parts)  # where VNNI runs
+    assert all(p.interleaved == KERNELS.avx2 for p in layer.self_attn.qkv_proj.parts)  # where AVX2 runs
     assert isinstance(layer.self_attn.o_proj, QuantizedLinear) and isinstance(model.lm_head, QuantizedLinear)
     assert isinstance(model.model.embed_tokens, QuantizedEmbedding)
     assert type(layer.mlp.down_proj) is torch.nn.Linear                  # Q5_0: dequantized at load

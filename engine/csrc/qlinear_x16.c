@@ -15,7 +15,8 @@
  *     Q8_0:      int8  q[16][16][2]    [pair p][row][column 2p, 2p + 1]
  *
  * Activations are quantized per block of 32 to 16 bits as in qlinear.c. Where the CPU lacks AVX-512
- * VNNI, portable scalar code computes the same sums (the loader interleaves only where VNNI runs).
+ * VNNI, AVX2 code computes the same sums with vpmaddwd on two halves of 8 rows, and portable scalar
+ * code where it lacks AVX2 too.
  */
 #include "half.h"
 #include "isa.h"
@@ -182,11 +183,92 @@ AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *
     default: FOR_NA(T_Q8_0); break;
     }
 }
+
+/* ---- AVX2 -------------------------------------------------------------------------------------- */
+
+#define NA_AVX2 4  /* activation rows per pass here: 2 x NA_AVX2 integer sums, 2 weight vectors in 16 ymm */
+
+/* 16 rows x one pair of columns as int16 pairs in 32-bit lanes, rows 0-7 in w[0] and 8-15 in w[1] */
+AVX2_INLINE static inline void pair_weights_avx2(int q4, const uint8_t *q, int p, __m256i w[2]) {
+    if (!q4) {
+        w[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 32 * p)));
+        w[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 32 * p + 16)));
+        return;
+    }
+    /* byte r -> bytes (low nibble, high nibble) side by side, then widened: lane r = lo | hi << 16 */
+    const __m128i v = _mm_loadu_si128((const __m128i *)(q + 16 * p)), nib = _mm_set1_epi8(0xF);
+    const __m128i lo = _mm_and_si128(v, nib), hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
+    w[0] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi));
+    w[1] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(lo, hi));
+}
+
+/* as group_dot_scalar, na <= NA_AVX2 (a constant in each caller): vpmaddwd and an add where VNNI has one
+ * vpdpwssd, each 16-row sum in two halves */
+AVX2_INLINE static inline void group_dot_avx2_na(int type, const uint8_t *gw, const block_a16 *a, int64_t nb,
+                                                 int na, float *out) {
+    const x16_format f = format_of(type);
+    __m256 acc[NA_AVX2][2];
+    for (int j = 0; j < na; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = gw + b * f.gbb, *q = gb + f.qoff;
+        __m256i sums[NA_AVX2][2];
+        for (int j = 0; j < na; j++) sums[j][0] = sums[j][1] = _mm256_setzero_si256();
+        for (int p = 0; p < QK / 2; p++) {
+            __m256i wp[2];
+            pair_weights_avx2(f.q4, q, p, wp);
+            for (int j = 0; j < na; j++) {
+                int32_t xp;  /* activations 2p and 2p + 1, broadcast */
+                memcpy(&xp, a[j * nb + b].qs + 2 * p, 4);
+                const __m256i x = _mm256_set1_epi32(xp);
+                sums[j][0] = _mm256_add_epi32(sums[j][0], _mm256_madd_epi16(wp[0], x));
+                sums[j][1] = _mm256_add_epi32(sums[j][1], _mm256_madd_epi16(wp[1], x));
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb + h));
+            __m256 m = _mm256_setzero_ps();
+            if (f.q4)
+                m = f.q41 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 2 * G) + h))
+                          : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+            for (int j = 0; j < na; j++) {
+                const block_a16 *ab = a + j * nb + b;
+                acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[j][h]), _mm256_mul_ps(d, _mm256_set1_ps(ab->d)),
+                                            acc[j][h]);
+                if (f.q4) acc[j][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab->s), acc[j][h]);
+            }
+        }
+    }
+    for (int j = 0; j < na; j++) {
+        _mm256_storeu_ps(out + j * G, acc[j][0]);
+        _mm256_storeu_ps(out + j * G + 8, acc[j][1]);
+    }
+}
+
+#define FOR_NA_AVX2(T, N)                                                          \
+    switch (N) {                                                                   \
+    case 1: group_dot_avx2_na(T, gw, a, nb, 1, out); break;                        \
+    case 2: group_dot_avx2_na(T, gw, a, nb, 2, out); break;                        \
+    case 3: group_dot_avx2_na(T, gw, a, nb, 3, out); break;                        \
+    default: group_dot_avx2_na(T, gw, a, nb, 4, out); break;                       \
+    }
+
+/* na <= NA_X16 in passes of NA_AVX2 rows; a group's weights are read again from L1/L2 in the second */
+AVX2 static void group_dot_avx2(int type, const uint8_t *gw, const block_a16 *a, int64_t nb, int na, float *out) {
+    for (int c = 0; c < na; c += NA_AVX2, a += NA_AVX2 * nb, out += NA_AVX2 * G) {
+        const int n = na - c < NA_AVX2 ? na - c : NA_AVX2;
+        switch (type) {
+        case T_Q4_0: FOR_NA_AVX2(T_Q4_0, n); break;
+        case T_Q4_1: FOR_NA_AVX2(T_Q4_1, n); break;
+        default: FOR_NA_AVX2(T_Q8_0, n); break;
+        }
+    }
+}
 #endif /* QL_X86 */
 
 static void group_dot(int type, const uint8_t *gw, const block_a16 *a, int64_t nb, int na, float *out) {
 #ifdef QL_X86
     if (use_avx512()) { group_dot_vnni(type, gw, a, nb, na, out); return; }
+    if (use_avx2()) { group_dot_avx2(type, gw, a, nb, na, out); return; }
 #endif
     const x16_format f = format_of(type);
     group_dot_scalar(&f, gw, a, nb, na, out);
