@@ -174,19 +174,25 @@ def llama_spec(name: str, args: argparse.Namespace, gguf: str, port: int) -> Ser
     return ServerSpec(name, "llama.cpp", (config + " " + args.llama_args).strip(), argv)
 
 
+def daemon_policy(name: str) -> tuple[str, str]:
+    """`daemon-POLICY-N` -> (POLICY, N); `daemon` -> ("", "")."""
+    policy, _, budget = name.removeprefix("daemon").removeprefix("-").rpartition("-")
+    return policy, budget
+
+
+def is_daemon_config(name: str) -> bool:
+    policy, budget = daemon_policy(name)
+    return name == "daemon" or (name.startswith("daemon-") and bool(policy) and budget.isdigit())
+
+
 def daemon_spec(name: str, args: argparse.Namespace, gguf: str, port: int, state_dir: str) -> ServerSpec:
     """`daemon`, or `daemon-POLICY-N`: that policy at a token budget of N."""
-    policy, _, budget = name.removeprefix("daemon").removeprefix("-").rpartition("-")
+    policy, budget = daemon_policy(name)
     knobs = ["--policy", policy, "--token-budget", budget] if policy else []
     extra = knobs + shlex.split(args.daemon_args)
     argv = (sys.executable, "-m", "serving.cli", "serve", "--model", gguf, "--host", "127.0.0.1",
             "--port", str(port), "--no-tune", "--state-dir", state_dir, *extra)
     return ServerSpec(name, "autotuned-serve", " ".join(["--no-tune", *extra]), argv)
-
-
-def is_daemon_config(name: str) -> bool:
-    policy, _, budget = name.removeprefix("daemon").removeprefix("-").rpartition("-")
-    return name == "daemon" or (name.startswith("daemon-") and bool(policy) and budget.isdigit())
 
 
 def make_spec(name: str, args: argparse.Namespace, gguf: str, port: int, workdir: str) -> ServerSpec:

@@ -5,10 +5,10 @@ streams every weight once: Q4_1's 0.625 bytes per weight instead of fp32's 4 is 
 faster, so the kernels run steps of up to `max_rows` rows (16-bit dot products below PANEL_ROWS
 rows, fp32 tiles on panels dequantized into L1 from there). Where the CPU has AVX2 (and faster
 with AVX-512 VNNI), the loader interleaves Q4_0/Q4_1/Q8_0 rows in groups of 16 for
-engine/csrc/qlinear_x16.c, whose 16-bit products run at every row count (`QuantKernels.interleave`). A larger step may go faster on MKL's
-fp32 GEMM; those steps dequantize each weight (a chunk at a time, into a reused buffer) and call
-torch's matmul, so no dense copy of the model is kept. `measure_crossover` picks `max_rows` on the
-machine.
+engine/csrc/qlinear_x16.c, whose 16-bit products run at every row count (`QuantKernels.interleave`).
+A larger step may go faster on MKL's fp32 GEMM; those steps dequantize each weight (a chunk at a
+time, into a reused buffer) and call torch's matmul, so no dense copy of the model is kept.
+`measure_crossover` picks `max_rows` on the machine.
 
 Where the library was not built or the CPU lacks AVX2/FMA/F16C, `load_kernels` says so once in the
 log and the loader falls back to dequantized weights.
