@@ -52,29 +52,11 @@ static void silu_mul_scalar(const float *gate, const float *up, float *y, int64_
 }
 
 #ifdef QL_X86
-/* e^x for x in [-88, 88] (clamped), Cephes' expf: 2^k * p(r), r = x - k ln 2, relative error ~1e-7 */
-AVX2_INLINE static inline __m256 exp_avx2(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.f)), _mm256_set1_ps(88.f));
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);   /* ln 2 in two parts: exact k ln 2 */
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-    const __m256i two_k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_k));
-}
-
 AVX2 static void silu_mul_avx2(const float *gate, const float *up, float *y, int64_t len) {
     int64_t i = 0;
     for (; i + 8 <= len; i += 8) {
         const __m256 g = _mm256_loadu_ps(gate + i);
-        const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), g));
         _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)),
                                               _mm256_loadu_ps(up + i)));
     }

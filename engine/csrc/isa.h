@@ -26,6 +26,25 @@ AVX2_INLINE static inline float hmax_ps(__m256 v) {
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+
+/* e^x for x in [-88, 88] (clamped), Cephes' expf: 2^k * p(r), r = x - k ln 2, relative error ~1e-7; for the
+ * softmax of paged attention and the SiLU of the decode layer */
+AVX2_INLINE static inline __m256 exp_ps(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.f)), _mm256_set1_ps(88.f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);   /* ln 2 in two parts: exact k ln 2 */
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i two_k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_k));
+}
 #endif
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };  /* AVX512: F, BW and VNNI */

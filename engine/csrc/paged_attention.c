@@ -97,23 +97,6 @@ static void attend_scalar(const attn_job *j, int64_t seq, int64_t kvh, const int
 
 #ifdef QL_X86
 
-/* e^x for x <= 0 (Cephes' expf: 2^n times a degree-5 polynomial, ~1 ulp); below -88 it is 0 */
-AVX2_INLINE static inline __m256 exp_ps(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 /* lanes 0-3 = the sums of a, b, c and d's eight lanes */
 AVX2_INLINE static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
     __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));

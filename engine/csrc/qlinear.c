@@ -498,11 +498,23 @@ typedef struct {
     float *y;
 } mm_job;
 
+typedef struct {
+    const float *x;
+    block_a16 *a;
+    int64_t n, nb;
+} quantize_job;
+
 static void quantize_task(void *p, int64_t chunk, int64_t nchunks) {
-    mm_job *j = p;
+    quantize_job *j = p;
     int64_t lo, hi;
     chunk_range(j->n, chunk, nchunks, &lo, &hi);
-    for (int64_t r = lo; r < hi; r++) quantize_a16(j->x + r * j->nb32 * QK, j->a + r * j->nb32, j->nb32);
+    for (int64_t r = lo; r < hi; r++) quantize_a16(j->x + r * j->nb * QK, j->a + r * j->nb, j->nb);
+}
+
+block_a16 *quantize_rows_a16(const float *x, int64_t n, int64_t nb) {
+    quantize_job job = {x, scratch_a16(n * nb), n, nb};
+    if (job.a) pool_parallel(quantize_task, &job, num_chunks(n, 16));
+    return job.a;
 }
 
 static void matmul_task(void *p, int64_t chunk, int64_t nchunks) {
@@ -594,9 +606,8 @@ int qlin_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, const fl
         pool_unlock();
         return 0;
     }
-    job.a = scratch_a16(n * job.nb32);
+    job.a = quantize_rows_a16(x, n, job.nb32);
     if (!job.a) { pool_unlock(); return -3; }
-    pool_parallel(quantize_task, &job, num_chunks(n, 16));
     /* chunks of ~16K weight-activation products (a few microseconds): below that the hand-off costs more */
     pool_parallel(matmul_task, &job, num_chunks(rows, 1 + (16384 - 1) / (n * cols)));
     pool_unlock();

@@ -281,17 +281,9 @@ typedef struct {
     int64_t gbb;
     const uint8_t *w;
     int64_t groups, nb, n, ldy;
-    const float *x;
     block_a16 *a;
     float *y;
 } x16_job;
-
-static void quantize_rows_task(void *p, int64_t chunk, int64_t nchunks) {
-    x16_job *j = p;
-    int64_t lo, hi;
-    chunk_range(j->n, chunk, nchunks, &lo, &hi);
-    for (int64_t r = lo; r < hi; r++) quantize_a16(j->x + r * j->nb * QK, j->a + r * j->nb, j->nb);
-}
 
 static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
     x16_job *j = p;
@@ -312,11 +304,10 @@ int qlin_x16_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, cons
     int rc = check_shape(type, rows, cols);
     if (rc) return rc;
     if (n <= 0 || rows <= 0) return 0;
-    x16_job job = {type, format_of(type).gbb, w, rows / G, cols / QK, n, ldy, x, NULL, y};
+    x16_job job = {type, format_of(type).gbb, w, rows / G, cols / QK, n, ldy, NULL, y};
     pool_lock();
-    job.a = scratch_a16(n * job.nb);
+    job.a = quantize_rows_a16(x, n, job.nb);
     if (!job.a) { pool_unlock(); return -3; }
-    pool_parallel(quantize_rows_task, &job, num_chunks(n, 16));
     /* chunks of ~32K weight-activation products: a few microseconds, above the cost of a hand-off */
     pool_parallel(groups_task, &job, num_chunks(job.groups, 1 + 32767 / (n * cols * G)));
     pool_unlock();

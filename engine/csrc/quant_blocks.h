@@ -30,4 +30,7 @@ int qlin_type_supported(int type);
 void quantize_a16(const float *x, block_a16 *y, int64_t nb);
 /* the calling job's activation blocks: a buffer reused across calls (the caller holds the pool lock) */
 block_a16 *scratch_a16(int64_t blocks);
+/* the n rows of x (nb blocks of 32 floats each) quantized over the pool into scratch_a16; NULL where it
+ * could not grow (the caller holds the pool lock) */
+block_a16 *quantize_rows_a16(const float *x, int64_t n, int64_t nb);
 #endif
