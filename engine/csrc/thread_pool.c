@@ -7,11 +7,19 @@
 
 /* A job is cut into chunks that every thread, the caller included, claims one at a time: when a
  * worker is descheduled (2 cores shared with torch and other processes) the caller simply does its
- * share instead of spinning on it. A claim is a CAS on (generation << 32 | next chunk), so a worker
- * that wakes after its job ended can never take a chunk of the next one. */
+ * share instead of spinning on it. A claim is a CAS on one word holding the job's generation, its
+ * number of chunks and the next chunk, so a worker that wakes after its job ended can never take a
+ * chunk of the next one, nor a chunk past the end of its own: it reads the bound from the same word
+ * it claims on. (Reading the count apart from the word let a worker delayed between seeing a new
+ * generation and reading the count take the next job's count as its own and claim a chunk of a job
+ * that had ended: that chunk ran twice or on a finished job's arguments, which crashed the daemon.) */
 
 #define MAX_THREADS 64
 #define SPIN_ITERS 4000  /* ~100 us of pause before a worker sleeps: a step's matmuls come that close */
+#define CHUNK_BITS 20    /* the claim word: generation (24 bits) | chunks (20) | next chunk (20) */
+#define MAX_CHUNKS ((1 << CHUNK_BITS) - 1)
+#define CHUNK_MASK ((uint64_t)MAX_CHUNKS)
+#define GEN_MASK 0xffffffu
 
 static struct {
     int nth;  /* threads including the caller; 0 until started */
@@ -19,9 +27,8 @@ static struct {
     pthread_cond_t cv;
     atomic_uint gen;         /* bumped to publish a job */
     atomic_int park;         /* set: spinning workers go to sleep now (torch's threads want the cores) */
-    atomic_uint_fast64_t claim;  /* gen << 32 | next chunk */
+    atomic_uint_fast64_t claim;  /* gen (24 bits) << 40 | chunks << 20 | next chunk */
     atomic_int_fast64_t done;    /* chunks finished */
-    int64_t nchunks;
     task_fn fn;
     void *arg;
 } pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
@@ -34,16 +41,21 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* claim and run chunks of job `gen` until none is left */
+static inline uint64_t claim_word(unsigned gen, int64_t nchunks) {
+    return (uint64_t)(gen & GEN_MASK) << (2 * CHUNK_BITS) | (uint64_t)nchunks << CHUNK_BITS;
+}
+
+/* claim and run chunks of job `gen` until none is left. A successful claim of a chunk below the
+ * count keeps the job from finishing, so fn and arg are still that job's when read after it. */
 static void run_chunks(unsigned gen) {
-    const int64_t total = pool.nchunks;
     uint_fast64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
     for (;;) {
-        if ((unsigned)(c >> 32) != gen || (int64_t)(c & 0xffffffffu) >= total) return;
+        const int64_t next = (int64_t)(c & CHUNK_MASK), total = (int64_t)(c >> CHUNK_BITS & CHUNK_MASK);
+        if ((unsigned)(c >> (2 * CHUNK_BITS)) != (gen & GEN_MASK) || next >= total) return;
         if (!atomic_compare_exchange_weak_explicit(&pool.claim, &c, c + 1, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
-        pool.fn(pool.arg, (int64_t)(c & 0xffffffffu), total);
+        pool.fn(pool.arg, next, total);
         atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
         c = atomic_load_explicit(&pool.claim, memory_order_acquire);
     }
@@ -65,6 +77,9 @@ static void *worker(void *unused) {
             pthread_mutex_unlock(&pool.mu);
         }
         seen = g;
+#ifdef POOL_TEST_DELAY  /* tests/test_thread_pool.py: a worker slow to start its job (descheduled) */
+        for (volatile int i = 0; i < POOL_TEST_DELAY; i++) {}
+#endif
         run_chunks(g);
     }
     return NULL;
@@ -104,13 +119,16 @@ void pool_parallel(task_fn fn, void *arg, int64_t nchunks) {
         for (int64_t i = 0; i < nchunks; i++) fn(arg, i, nchunks);
         return;
     }
+    if (nchunks > MAX_CHUNKS) nchunks = MAX_CHUNKS;  /* tasks split their work by chunk_range: any count works */
     unsigned gen = atomic_load(&pool.gen) + 1;
     atomic_store_explicit(&pool.park, 0, memory_order_relaxed);
     pool.fn = fn;
     pool.arg = arg;
-    pool.nchunks = nchunks;
     atomic_store(&pool.done, 0);
-    atomic_store_explicit(&pool.claim, (uint_fast64_t)gen << 32, memory_order_release);
+#ifdef POOL_TEST_DELAY  /* ... and a caller descheduled while it publishes a job */
+    for (volatile int i = 0; i < POOL_TEST_DELAY / 4; i++) {}
+#endif
+    atomic_store_explicit(&pool.claim, claim_word(gen, nchunks), memory_order_release);
     pthread_mutex_lock(&pool.mu);
     atomic_store_explicit(&pool.gen, gen, memory_order_release);
     pthread_cond_broadcast(&pool.cv);
