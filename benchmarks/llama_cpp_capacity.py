@@ -279,6 +279,7 @@ def capacity_command(port: int, args: argparse.Namespace, out_dir: str) -> list[
            "--slo-ttft-s", str(args.slo_ttft_s), "--slo-tbt-s", str(args.slo_tbt_s),
            "--start-qps", str(args.start_qps), "--max-probes", str(args.max_probes),
            "--tolerance", str(args.tolerance), "--max-duration-s", str(args.max_duration_s),
+           "--min-duration-s", str(args.min_duration_s),
            "--out-dir", out_dir, "--no-progress"]
     return cmd + (["--text-prompts"] if args.text_prompts else [])
 
@@ -408,6 +409,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-probes", type=int, default=7, help="most probes per server (default 7)")
     p.add_argument("--tolerance", type=float, default=0.05)
     p.add_argument("--max-duration-s", type=float, default=900, help="per probe (default 900)")
+    p.add_argument("--min-duration-s", type=float, default=0.0,
+                   help="more requests where --num-requests would arrive within this many seconds "
+                        "(default 0; `autotuned-serve capacity --min-duration-s`)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
     p.add_argument("--slo-tbt-s", type=float, default=0.25)

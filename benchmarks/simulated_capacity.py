@@ -17,10 +17,10 @@ import json
 
 from loadgen.capacity import CapacityCriteria, search_capacity
 from serving.cli_tuning import parse_knobs
-from simulation.cost_model_files import find_cost_model
-from simulation.workload_run import simulate
-from loadgen.workload import generate, load_workload
-from simulation.cost_model import CostModel
+from simulation.cost_model_files import resolve_cost_model
+from simulation.workload_run import simulated_probe
+from loadgen.workload import load_workload
+from simulation.profile_cost_model import StepTimeModel
 from policies import Knobs
 from telemetry.window import SLO
 
@@ -31,24 +31,24 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--policies", nargs="+", default=["sarathi", "adaptive", "prefill-first", "orca"])
     p.add_argument("--budgets", type=int, nargs="+", default=[32, 64, 128, 256])
     p.add_argument("--requests", type=int, default=400, help="requests per probe (default 400)")
+    p.add_argument("--min-duration-s", type=float, default=0.0,
+                   help="more requests where --requests would arrive within this many seconds (default 0)")
     p.add_argument("--slo-ttft-s", type=float, default=2.0, help="P50 TTFT bound (default 2.0)")
     p.add_argument("--slo-tbt-s", type=float, default=0.25, help="P99 TBT bound (default 0.25)")
     p.add_argument("--max-probes", type=int, default=10)
     p.add_argument("--cost-model", default=None, help="default: the shipped calibration")
+    p.add_argument("--profile", default=None, help="a hardware profile instead (autotuned-serve profiles)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                    help="another knob for every run (repeatable; a policy reads only its own)")
     return p.parse_args()
 
 
-def capacity(cost: CostModel, policy: str, budget: int, args: argparse.Namespace) -> dict:
+def capacity(cost: StepTimeModel, policy: str, budget: int, args: argparse.Namespace) -> dict:
     workload = load_workload(args.workload)
     slo = SLO(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
-
-    def probe(qps: float):
-        specs = generate(workload, qps=qps, num_requests=args.requests, seed=args.seed)
-        return simulate(specs, cost, policy, Knobs(token_budget=budget, **parse_knobs(args.knob)), slo).summary
-
+    knobs = Knobs(token_budget=budget, **parse_knobs(args.knob))
+    probe = simulated_probe(workload, cost, policy, knobs, slo, args.requests, args.seed, args.min_duration_s)
     result = search_capacity(probe, CapacityCriteria(args.slo_ttft_s, args.slo_tbt_s), start_qps=0.25,
                              max_probes=args.max_probes, tolerance=0.05)
     return {"policy": policy, "token_budget": budget, "capacity_qps": result.capacity_qps,
@@ -57,14 +57,14 @@ def capacity(cost: CostModel, policy: str, budget: int, args: argparse.Namespace
 
 def main() -> None:
     args = parse_args()
-    cost = find_cost_model(args.cost_model)
+    cost = resolve_cost_model(args.cost_model, args.profile)
     rows = [capacity(cost, policy, budget, args) for policy in args.policies for budget in args.budgets]
     print(f"{'policy':<16}{'budget':>8}{'capacity qps':>14}{'first failing':>15}")
     for r in rows:
         failing = "-" if r["first_failing_qps"] is None else f"{r['first_failing_qps']:.3f}"
         print(f"{r['policy']:<16}{r['token_budget']:>8}{r['capacity_qps']:>14.3f}{failing:>15}")
     print(json.dumps({"workload": args.workload, "slo": {"ttft_p50_s": args.slo_ttft_s, "tbt_p99_s": args.slo_tbt_s},
-                      "cost_model": cost.model, "knobs": parse_knobs(args.knob), "results": rows}, indent=2))
+                      "cost_model": args.profile or cost.model, "knobs": parse_knobs(args.knob), "results": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
+from loadgen.capacity import probe_size
 from loadgen.prompts import PromptSource
 from loadgen.workload import RequestSpec, Workload, generate
 from engine.outputs import RequestRecord
@@ -275,10 +276,12 @@ def bench_workload(workload: Workload, source: PromptSource, options: BenchOptio
 
 
 def live_probe(workload: Workload, source: PromptSource, options: BenchOptions, slo: SLO,
-               num_requests: int, seed: int = 0) -> Callable[[float], LatencySummary]:
-    """A capacity probe: the same requests (same seed) replayed at a given qps against the server."""
+               num_requests: int, seed: int = 0, min_duration_s: float = 0.0) -> Callable[[float], LatencySummary]:
+    """A capacity probe: the same requests (same seed) replayed at a given qps against the server,
+    at least `min_duration_s` of arrivals (loadgen.capacity.probe_size)."""
     model = resolve_model_name(options)
-    return lambda qps: bench_workload(workload, source, options, slo, qps, num_requests, seed, model).summary
+    return lambda qps: bench_workload(workload, source, options, slo, qps,
+                                      probe_size(qps, num_requests, min_duration_s), seed, model).summary
 
 
 def write_outputs(run: BenchRun, out_dir: str, extra: dict[str, Any] | None = None) -> list[str]:

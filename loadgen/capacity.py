@@ -8,6 +8,7 @@ until they are within a relative tolerance or the probe budget is spent.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -69,6 +70,15 @@ def search_capacity(probe: Probe, criteria: CapacityCriteria = CapacityCriteria(
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if run(mid) else (lo, mid)
     return CapacityResult(lo or 0.0, hi, tuple(probes), criteria)
+
+
+def probe_size(qps: float, num_requests: int, min_duration_s: float = 0.0) -> int:
+    """Requests in a probe at `qps`: `num_requests`, or more where that many would arrive within
+    `min_duration_s`. A probe of a fixed count shortens as the rate grows, and a server over its
+    sustained capacity passes a short one by queueing the burst (60 chat requests at 6 req/s pass
+    where 400 fail from 1.9 on the 2-core CPU, docs/deadline.md): a floor on the probe's length
+    makes its rate one the server keeps up with."""
+    return max(num_requests, math.ceil(qps * min_duration_s))
 
 
 def check_search(start_qps: float, max_probes: int, tolerance: float) -> None:

@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--start-qps", type=float, default=1.0, help="first rate probed (default 1)")
     cap.add_argument("--tolerance", type=float, default=0.05,
                      help="stop when the passing and failing rates are this close, relatively (default 0.05)")
+    cap.add_argument("--min-duration-s", type=float, default=60.0,
+                     help="a probe sends more than --num-requests where they would arrive within this many "
+                          "seconds (default 60; 0: --num-requests only): a short probe measures the burst a "
+                          "server can queue, not the rate it keeps up with")
     cap.add_argument("--max-failed-fraction", type=float, default=0.0,
                      help="a probe with more failed or unfinished requests fails (default 0)")
     cap.add_argument("--simulate", action="store_true",
@@ -170,6 +174,8 @@ def run_capacity_command(args: argparse.Namespace) -> None:
     from telemetry.latency_summary import class_lines
 
     check_search(args.start_qps, args.max_probes, args.tolerance)
+    if not args.min_duration_s >= 0:
+        raise ValueError(f"--min-duration-s must be >= 0, got {args.min_duration_s}")
     criteria = CapacityCriteria(args.slo_ttft_s, args.slo_tbt_s, args.max_failed_fraction)
     if args.simulate:
         probe, where = simulated_capacity_probe(args)
@@ -177,7 +183,7 @@ def run_capacity_command(args: argparse.Namespace) -> None:
         if args.profile or args.cost_model:
             raise ValueError("--profile and --cost-model price simulated steps: add --simulate")
         workload, source, options, slo = bench_setup(args)
-        probe = live_probe(workload, source, options, slo, args.num_requests, args.seed)
+        probe = live_probe(workload, source, options, slo, args.num_requests, args.seed, args.min_duration_s)
         where = {"workload": workload.name, "base_url": options.root}
     search = search_capacity(probe, criteria, args.start_qps, args.max_probes, args.tolerance)
     result = {**where, **search.as_dict()}
@@ -206,7 +212,8 @@ def simulated_capacity_probe(args: argparse.Namespace):
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
     slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
     workload = load_workload(args.workload)
-    probe = simulated_probe(workload, cost, args.policy, knobs, slo, args.num_requests, args.seed)
+    probe = simulated_probe(workload, cost, args.policy, knobs, slo, args.num_requests, args.seed,
+                            args.min_duration_s)
     where = {"workload": workload.name, "simulated": True, "cost_model": cli_tuning.cost_model_label(cost, args.profile),
              "policy": args.policy,
              "knobs": {k: v for k, v in knobs.as_dict().items() if k != "version"}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loadgen.capacity import probe_size
 from loadgen.workload import RequestSpec, Workload, generate
 from simulation.profile_cost_model import StepTimeModel
 from engine.outputs import RequestRecord
@@ -55,10 +56,11 @@ def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = "sarat
 
 
 def simulated_probe(workload: Workload, cost: StepTimeModel, policy: str, knobs: Knobs, slo: SLO,
-                    num_requests: int, seed: int = 0):
-    """A capacity probe (loadgen.capacity): `num_requests` of the workload, seeded, at the probed
-    rate through the simulator."""
+                    num_requests: int, seed: int = 0, min_duration_s: float = 0.0):
+    """A capacity probe (loadgen.capacity): `num_requests` of the workload (more where they would
+    arrive within `min_duration_s`: loadgen.capacity.probe_size), seeded, at the probed rate through
+    the simulator."""
     def probe(qps: float) -> LatencySummary:
-        specs = generate(workload, qps=qps, num_requests=num_requests, seed=seed)
+        specs = generate(workload, qps=qps, num_requests=probe_size(qps, num_requests, min_duration_s), seed=seed)
         return simulate(specs, cost, policy, knobs, slo).summary
     return probe

@@ -95,7 +95,7 @@ def test_text_prompts_chat_and_unfinished_requests(server, tiny_hf):
 def test_capacity_command_against_the_server(server, tiny_hf, workload_path, capsys):
     assert main(["capacity", "--base-url", server.url, "--workload", workload_path, "--num-requests", "4",
                  "--tokenizer", tiny_hf[0], "--no-progress", "--max-probes", "2", "--start-qps", "5",
-                 "--slo-ttft-s", "30", "--slo-tbt-s", "10"]) == 0
+                 "--slo-ttft-s", "30", "--slo-tbt-s", "10", "--min-duration-s", "0"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert [p["qps"] for p in result["probes"]] == [5.0, 10.0] and result["capacity_qps"] == 10.0
     assert result["first_failing_qps"] is None and result["probes"][0]["summary"]["num_finished"] == 4
@@ -105,6 +105,7 @@ def test_capacity_command_against_the_server(server, tiny_hf, workload_path, cap
     (["bench", "--qps", "-1"], "--qps must be > 0"),
     (["bench", "--workload", "nope"], "unknown workload 'nope'"),
     (["capacity", "--max-probes", "0"], "max_probes must be >= 1"),
+    (["capacity", "--min-duration-s", "-1"], "--min-duration-s must be >= 0"),
     (["bench", "--num-requests", "0"], "--num-requests must be at least 1"),
 ])
 def test_bad_arguments_give_one_line_errors(argv, message, capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.capacity import CapacityCriteria, search_capacity
+from loadgen.capacity import CapacityCriteria, probe_size, search_capacity
 from telemetry.latency_summary import LatencySummary
 
 
@@ -64,3 +64,26 @@ def test_accepts_latency_summaries_and_validates():
         search_capacity(planted(1.0), max_probes=0)
     with pytest.raises(ValueError, match="start_qps"):
         search_capacity(planted(1.0), start_qps=0)
+
+
+@pytest.mark.parametrize("qps, num_requests, min_duration_s, expected", [
+    (2.0, 100, 0.0, 100), (2.0, 100, 60.0, 120), (1.0, 100, 60.0, 100), (0.3, 5, 60.0, 18)])
+def test_a_probe_spans_at_least_the_minimum_duration(qps, num_requests, min_duration_s, expected):
+    assert probe_size(qps, num_requests, min_duration_s) == expected
+
+
+def test_a_short_probe_passes_a_rate_a_sustained_one_fails():
+    """60 chat requests queue within the TTFT bound at a rate far over what the CPU keeps up with;
+    a minute of arrivals at that rate does not (the shipped AVX-512 calibration, simulated)."""
+    from loadgen.workload import load_workload
+    from policies import Knobs
+    from simulation.cost_model_files import resolve_cost_model
+    from simulation.workload_run import simulated_probe
+    from telemetry.window import SLO
+
+    cost = resolve_cost_model("configs/cost_models/smollm2-135m-instruct-fp32-quantized-cpu-avx512-bf16.json")
+    criteria, workload = CapacityCriteria(), load_workload("chat")
+    burst = simulated_probe(workload, cost, "sarathi", Knobs(token_budget=128), SLO(), 60)
+    sustained = simulated_probe(workload, cost, "sarathi", Knobs(token_budget=128), SLO(), 60, min_duration_s=60)
+    assert criteria.passes(burst(4.0).as_dict())
+    assert not criteria.passes(sustained(4.0).as_dict())
