@@ -293,6 +293,20 @@ def probe_rows(capacity: dict[str, Any]) -> list[ProbeRow]:
     return rows
 
 
+def run_search(cmd: list[str], log: Any, server: subprocess.Popen, name: str) -> None:
+    """The capacity client, stopped with an error where the server dies under it (it would go on
+    probing a closed port until its time limits)."""
+    client = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    while client.poll() is None:
+        if server.poll() is not None:
+            client.kill()
+            client.wait()
+            raise RuntimeError(f"{name} exited with {server.returncode} during the capacity search; see server.log")
+        time.sleep(1)
+    if client.returncode:
+        raise subprocess.CalledProcessError(client.returncode, cmd)
+
+
 def measure(spec: ServerSpec, port: int, args: argparse.Namespace, workdir: str) -> ServerResult:
     """Start, check, search, stop. The other-CPU share spans the whole of it: the server and the
     capacity client are reaped children, so their CPU time counts as ours (telemetry.other_load)."""
@@ -304,7 +318,7 @@ def measure(spec: ServerSpec, port: int, args: argparse.Namespace, workdir: str)
         result.protocol = protocol_checks(port)
         cmd = capacity_command(port, args, workdir)
         with open(os.path.join(workdir, "capacity.log"), "w") as log:
-            subprocess.run(cmd, check=True, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            run_search(cmd, log, proc, spec.name)
         with open(os.path.join(workdir, "capacity.json")) as f:
             capacity = json.load(f)
         result.capacity_qps, result.first_failing_qps = capacity["capacity_qps"], capacity["first_failing_qps"]
