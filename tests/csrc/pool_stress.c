@@ -2,7 +2,6 @@
  * chunks in turn, each unit of work counting how often it ran; every unit must run once per job. */
 #include <stdatomic.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "thread_pool.h"
 
