@@ -4,7 +4,6 @@ requests. What-if analysis for ops teams, and the controller's fast test bed."""
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from optuna.trial import TrialState
 
 from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings, best_configuration
 from autotuner.search_space import SearchSpace, load_search_space
+from autotuner.static_grid import grid_points
 from simulation.workload_run import make_simulator, shares_prefixes, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
@@ -30,10 +30,6 @@ from telemetry.window import SLO, TelemetryWindow
 # of max_num_batched_tokens (2048 by default on most GPUs, 8192 on large ones), 256 sequences.
 VLLM_DEFAULTS = {"vllm_default_2048": ("sarathi", Knobs(token_budget=2048, max_num_seqs=256)),
                  "vllm_default_8192": ("sarathi", Knobs(token_budget=8192, max_num_seqs=256))}
-STATIC_BUDGETS = (32, 64, 128, 256, 512, 1024, 2048)
-STATIC_PRIORITIES = (0.0, 0.5, 1.0)
-# the deadline policy's own grid: the budget is only a cap there, the step time follows the slack
-DEADLINE_GRID = {"token_budget": (256, 2048), "step_headroom": (0.8, 1.0), "error_budget": (0.0, 0.5, 1.0)}
 PLAIN_POLICY = "adaptive"      # token budget and priority only: the inner loop off, for the ablation
 REPORT_WINDOW_S = 30.0
 
@@ -63,16 +59,6 @@ def per_phase_best_knobs(grid: list[tuple[dict[str, Any], RunResult]]) -> dict[s
     """Per phase, the grid configuration that served most of its requests within the SLO."""
     phases = {phase for _, result in grid for phase in result.good_by_phase}
     return {phase: max(grid, key=lambda entry: entry[1].good_by_phase.get(phase, 0))[0] for phase in sorted(phases)}
-
-
-def grid_points(policy: str) -> list[dict[str, Any]]:
-    """The offline grid of static configurations for a policy."""
-    base = {"max_num_seqs": 256, "kv_admission_watermark": 0.01}
-    if policy == "deadline":
-        names = list(DEADLINE_GRID)
-        return [base | dict(zip(names, values)) for values in itertools.product(*DEADLINE_GRID.values())]
-    return [base | {"token_budget": b, "prefill_priority": p}
-            for b, p in itertools.product(STATIC_BUDGETS, STATIC_PRIORITIES)]
 
 
 def static_grid(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str,

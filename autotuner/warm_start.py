@@ -4,6 +4,7 @@ and hand the controller the best few configurations to try first."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from autotuner.background import BackgroundRunner, throttle
 from autotuner.objective import score, slo_excess
 from autotuner.regime import Regime
 from autotuner.search_space import SearchSpace
+from autotuner.static_grid import grid_points
 from simulation.workload_run import simulate
 from loadgen.workload import RequestSpec
 from simulation.cost_model import CostModel
@@ -99,9 +101,12 @@ def search(job: WarmStartJob) -> list[dict[str, Any]]:
     specs = observed_workload(job.lengths, RATE_MARGIN * job.rate_rps, job.seed)
     base = Knobs(**job.knobs)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=job.seed))
-    # the knobs serving now are the first candidate: a few dozen TPE trials in six dimensions are
-    # mostly random, and on the shifting workload they handed over configurations 0.67x as good
-    study.enqueue_trial(job.space.clamp(job.knobs | {"policy": job.policy}))
+    # the knobs serving now are the first candidate, then the policy's coarse grid: a few dozen TPE
+    # trials in six dimensions are mostly random, and on the shifting workload they handed over
+    # configurations 0.67x as good (knobs serving now) and missed the grid's corner (cap 2048, full
+    # headroom and error budget) that serves most on the A100 profile
+    for point in [{}, *seed_points(job.policy, job.trials)]:
+        study.enqueue_trial(job.space.clamp(job.knobs | point | {"policy": job.policy}), skip_if_exists=True)
 
     def objective(trial: optuna.Trial) -> float:
         params = job.space.suggest(trial)
@@ -116,6 +121,14 @@ def search(job: WarmStartJob) -> list[dict[str, Any]]:
 
     study.optimize(objective, n_trials=job.trials)
     return best_configurations(study, job.space, job.keep)
+
+
+def seed_points(policy: str, trials: int) -> list[dict[str, Any]]:
+    """The policy's static grid, thinned evenly to at most half of the search's trials (the rest
+    are TPE's)."""
+    grid = grid_points(policy)
+    stride = math.ceil(len(grid) / max(1, trials // 2))
+    return grid[::stride]
 
 
 def best_configurations(study: optuna.Study, space: SearchSpace, keep: int) -> list[dict[str, Any]]:

@@ -13,7 +13,8 @@ from optuna.trial import TrialState, create_trial
 from autotuner.controller import Controller, ControllerSettings, best_configuration
 from autotuner.regime import DriftDetector
 from autotuner.search_space import load_search_space
-from autotuner.simulated_tuning import STATIC_BUDGETS, RunResult, evaluate_static, per_phase_best_goodput, tune_on_simulator
+from autotuner.simulated_tuning import RunResult, evaluate_static, per_phase_best_goodput, tune_on_simulator
+from autotuner.static_grid import STATIC_BUDGETS
 from simulation.workload_run import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
@@ -269,3 +270,28 @@ def test_no_budget_move_that_spends_missing_slo_headroom(cost, tmp_path):
         trial, params = controller._ask(incumbent, recheck=False)
         assert params["token_budget"] <= 256, params
         controller.study.tell(trial, state=TrialState.FAIL)
+
+
+def test_an_incumbent_serving_every_request_is_not_explored_away_from(cost, tmp_path):
+    """Goodput cannot rise above the offered load: once the incumbent's windows serve (nearly) every
+    request within the SLO, the controller re-measures it instead of trying neighbours, while the
+    warm start's queued picks are still measured first and a shortfall reopens exploration."""
+    _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
+    space = load_search_space()
+    incumbent = space.snap({"token_budget": 256, "prefill_priority": 0.5, "max_num_seqs": 64,
+                            "kv_admission_watermark": 0.05, "step_headroom": 0.9, "error_budget": 0.5})
+
+    def action_after(attainment: float, queued: bool = False) -> str:
+        controller.study = optuna.create_study(direction="maximize")
+        controller.study.add_trial(create_trial(
+            params=incumbent, distributions=space.distributions(), value=attainment,
+            constraints={"ttft_p50": -1.0, "tbt_p99": -0.1},
+            user_attrs={"window": {"ttft_p50_s": 1.0, "tbt_p99_s": 0.15, "slo_attainment": attainment}}))
+        if queued:
+            controller.study.enqueue_trial(incumbent | {"token_budget": 512}, user_attrs={"source": "warm-start"})
+        return controller._next_action(incumbent)
+
+    assert action_after(1.0) == "recheck"
+    assert action_after(0.99) == "recheck"
+    assert action_after(1.0, queued=True) == "trial"
+    assert action_after(0.9) == "trial"

@@ -6,12 +6,13 @@ import optuna
 
 from autotuner.controller import Controller, ControllerSettings
 from autotuner.search_space import load_search_space
-from autotuner.simulated_tuning import grid_points, tune_on_simulator
+from autotuner.simulated_tuning import tune_on_simulator
+from autotuner.static_grid import grid_points
 from simulation.workload_run import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
 from autotuner.warm_start import (RATE_MARGIN, SimulatorWarmStart, WarmStartJob, best_configurations, observed_workload, search,
-                                  slo_token_budget)
+                                  seed_points, slo_token_budget)
 from loadgen.workload import generate, load_workload
 from simulation.cost_model import CostModel
 from policies import Knobs
@@ -116,3 +117,13 @@ def test_the_warm_start_simulates_the_prefix_cache_hits_it_observed():
     hits = sum(r.num_cached_tokens for r in cached.records) / sum(r.num_prompt_tokens for r in cached.records)
     assert 0.5 < hits < 0.9 and sum(r.num_cached_tokens for r in uncached.records) == 0
     assert cached.summary.ttft_p50_s < 0.5 * uncached.summary.ttft_p50_s
+
+
+def test_the_search_starts_from_the_policys_grid():
+    """A few dozen TPE trials in six dimensions are mostly random: the deadline policy's whole grid
+    (12 points) is simulated first, a larger grid thinned evenly to half of the trials."""
+    assert seed_points("deadline", 30) == grid_points("deadline")
+    plain = seed_points("adaptive", 30)
+    assert len(plain) <= 15
+    budgets = {p["token_budget"] for p in plain}
+    assert min(budgets) == 32 and max(budgets) == 2048
