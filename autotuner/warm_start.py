@@ -103,8 +103,8 @@ def search(job: WarmStartJob) -> list[dict[str, Any]]:
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=job.seed))
     # the knobs serving now are the first candidate, then the policy's coarse grid: a few dozen TPE
     # trials in six dimensions are mostly random, and on the shifting workload they handed over
-    # configurations 0.67x as good (knobs serving now) and missed the grid's corner (cap 2048, full
-    # headroom and error budget) that serves most on the A100 profile
+    # configurations 0.67x as good (knobs serving now) and missed the grid point (cap 2048 at
+    # headroom 1.0) that serves most on the A100 profile
     for point in [{}, *seed_points(job.policy, job.trials)]:
         study.enqueue_trial(job.space.clamp(job.knobs | point | {"policy": job.policy}), skip_if_exists=True)
 

@@ -4,6 +4,8 @@ static configuration of the tuned policy's grid and that policy at its default k
 
 Variants (default: all):
   shipped         configs/tuning.yaml as it is (what `tune --simulate` runs)
+  always-explore  nothing_to_win above 1: trust-region trials go on around an incumbent that already
+                  serves every request within the SLO
   no-warm-start   warm_start_trials 0: no simulated search on entering a regime; the controller
                   explores live from the knobs it holds
   policy-knobs    the search space without the serving knobs max_num_seqs and kv_admission_watermark
@@ -35,6 +37,7 @@ from telemetry.window import SLO
 SERVING_KNOBS = ("max_num_seqs", "kv_admission_watermark")
 VARIANTS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {   # settings overrides, knobs left out
     "shipped": ({}, ()),
+    "always-explore": ({"nothing_to_win": 1.01}, ()),
     "no-warm-start": ({"warm_start_trials": 0}, ()),
     "policy-knobs": ({}, SERVING_KNOBS),
     "wide-trust": ({"trust_radius": 0.3}, ()),

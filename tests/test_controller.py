@@ -295,3 +295,12 @@ def test_an_incumbent_serving_every_request_is_not_explored_away_from(cost, tmp_
     assert action_after(0.99) == "recheck"
     assert action_after(1.0, queued=True) == "trial"
     assert action_after(0.9) == "trial"
+
+
+def test_the_longest_window_counts_with_few_requests(cost, tmp_path):
+    """At low rates the longest window holds fewer than half of `min_requests` (18 at the CPU's
+    0.15 requests/s against 20): it still counts, or the controller never measures anything."""
+    _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
+    s = controller.settings
+    assert controller._least_finished(s.max_window_s / 2) == s.min_requests // 2
+    assert controller._least_finished(s.max_window_s) == 5
