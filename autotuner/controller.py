@@ -35,6 +35,8 @@ MAX_REJECTIONS = 2        # asks outside the trust region before projecting one 
 WINDOW_VALUE_SPREAD = 0.1 # typical spread of one window's value (goodput share) at ~20 requests a window
 RECENT_WINDOWS = 4        # a configuration is judged on its latest measurements only
 SLO_HEADROOM = 0.15       # within this share of a latency SLO, exploration may not push that latency up
+LONGER_STEPS = ("token_budget", "step_headroom", "error_budget")   # raising these lengthens steps or gaps
+FASTER_PREFILL = ("token_budget", "step_headroom")                 # lowering these slows prefills
 MIN_FINISHED = 5          # finished requests the longest window needs to count at all
 
 
@@ -242,7 +244,7 @@ class Controller:
         dists = self.space.distributions()
         if recheck:
             self.study.enqueue_trial(incumbent, user_attrs={"source": "recheck"})
-        limit = self._budget_limits(incumbent)
+        limit = self._slo_limits(incumbent)
         for _ in range(MAX_REJECTIONS):
             trial = self.study.ask(dists)
             params = self.space.snap(trial.params)
@@ -259,16 +261,22 @@ class Controller:
         self.state.claim(trial)
         return trial, self.space.snap(trial.params)
 
-    def _budget_limits(self, incumbent: dict[str, Any]) -> tuple[int | None, int | None]:
-        """(lowest, highest) token budget worth exploring around the incumbent. A larger budget
-        means longer steps (P99 TBT up), a smaller one slower prefills (P50 TTFT up): where the
-        incumbent's recent windows already run within SLO_HEADROOM of one bound, a move that can
-        only push that latency up would most likely break the SLO, so it is not tried."""
+    def _slo_limits(self, incumbent: dict[str, Any]) -> dict[str, tuple[float | None, float | None]]:
+        """Per knob, (lowest, highest) value worth exploring around the incumbent. A larger token
+        budget, step headroom or error budget means longer steps or more long gaps (P99 TBT up); a
+        smaller budget or headroom slower prefills (P50 TTFT up). Where the incumbent's recent
+        windows already run within SLO_HEADROOM of one bound, a move that can only push that
+        latency up would most likely break the SLO, so it is not tried (on the CPU shift, trials
+        at headroom 1.04-1.09 beside an incumbent at P99 TBT 0.249 s of 0.25 all broke it)."""
         windows = self._recent_windows(incumbent)
-        tbt = [w["tbt_p99_s"] for w in windows if w.get("tbt_p99_s") is not None]
-        ttft = [w["ttft_p50_s"] for w in windows if w.get("ttft_p50_s") is not None]
-        budget = incumbent.get("token_budget")
-        return (budget if _near(ttft, self.slo.ttft_s) else None, budget if _near(tbt, self.slo.tbt_s) else None)
+        tbt_near = _near([w["tbt_p99_s"] for w in windows if w.get("tbt_p99_s") is not None], self.slo.tbt_s)
+        ttft_near = _near([w["ttft_p50_s"] for w in windows if w.get("ttft_p50_s") is not None], self.slo.ttft_s)
+        limits = {}
+        for name in LONGER_STEPS:
+            if name in incumbent:
+                low = incumbent[name] if ttft_near and name in FASTER_PREFILL else None
+                limits[name] = (low, incumbent[name] if tbt_near else None)
+        return limits
 
     def _knobs_for(self, params: dict[str, Any]) -> Knobs:
         return self.target.knobs().replace(**{k: v for k, v in params.items() if k != "policy"})
@@ -434,17 +442,17 @@ def _near(latencies: list[float], bound: float) -> bool:
     return bool(latencies) and sum(latencies) / len(latencies) >= (1 - SLO_HEADROOM) * bound
 
 
-def _within_limits(params: dict[str, Any], limits: tuple[int | None, int | None]) -> dict[str, Any]:
-    """`params` with the token budget (if it is tuned) moved into [low, high] where those are set."""
-    low, high = limits
-    budget = params.get("token_budget")
-    if budget is None:
-        return params
-    if high is not None:
-        budget = min(budget, high)
-    if low is not None:
-        budget = max(budget, low)
-    return params | {"token_budget": budget}
+def _within_limits(params: dict[str, Any], limits: dict[str, tuple[float | None, float | None]]) -> dict[str, Any]:
+    """`params` with each limited knob moved into its [low, high] where those are set."""
+    out = dict(params)
+    for name, (low, high) in limits.items():
+        if name not in out:
+            continue
+        if high is not None:
+            out[name] = min(out[name], high)
+        if low is not None:
+            out[name] = max(out[name], low)
+    return out
 
 
 def least_violating(trials: list[optuna.trial.FrozenTrial], space: SearchSpace

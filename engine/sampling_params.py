@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
 
+# torch.Generator.manual_seed takes a signed or unsigned 64-bit integer; outside it, generation fails
+SEED_RANGE = (-2**63, 2**64 - 1)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -32,6 +35,8 @@ class SamplingParams:
             (isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
              "min_tokens must be between 0 and max_tokens"),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings"),
+            (self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1], "seed",
+             f"seed must be an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]"),
         ]
         for ok, param, message in checks:
             if not ok:

@@ -120,6 +120,7 @@ def test_disconnect_mid_stream_frees_kv(server):
     ({"model": MODEL, "prompt": ""}, 400, "prompt"),
     ({"model": MODEL}, 400, "prompt"),
     ({"model": MODEL, "messages": []}, 400, "messages"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "seed": -2**63 - 1}, 400, "seed"),
 ])
 def test_bad_input_gets_openai_errors(server, body, status, param):
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"

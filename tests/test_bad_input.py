@@ -42,6 +42,8 @@ def test_bad_requests_are_rejected_and_engine_still_serves(engine, prompt, param
     ({"top_k": -2}, "top_k must be"),
     ({"min_tokens": 9, "max_tokens": 4}, "min_tokens must be between"),
     ({"stop": [""]}, "stop strings must be non-empty"),
+    ({"seed": -2**63 - 1}, "seed must be an integer in"),      # found by the API fuzz test: was a 500
+    ({"seed": 2**64}, "seed must be an integer in"),
 ])
 def test_bad_sampling_params(kwargs, match):
     with pytest.raises(InvalidRequestError, match=match) as info:

@@ -249,26 +249,30 @@ def test_trust_region_and_snapping():
     assert load_search_space(max_token_budget=512).ranges[0].high == 512
 
 
-def test_no_budget_move_that_spends_missing_slo_headroom(cost, tmp_path):
-    """An incumbent whose P99 TBT runs within 15% of its bound is not explored at a larger budget
-    (longer steps), one whose P50 TTFT does, not at a smaller one; with room, both ways are open."""
+def test_no_move_that_spends_missing_slo_headroom(cost, tmp_path):
+    """An incumbent whose P99 TBT runs within 15% of its bound is not explored at a larger budget,
+    step headroom or error budget (longer steps, more long gaps), one whose P50 TTFT does, not at a
+    smaller budget or headroom (slower prefills); with room, every way is open."""
     _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
     space = load_search_space()
     incumbent = space.snap({"token_budget": 256, "prefill_priority": 0.5, "max_num_seqs": 64,
                             "kv_admission_watermark": 0.05, "step_headroom": 0.9, "error_budget": 0.5})
 
-    def limits_after(ttft: float, tbt: float) -> tuple:
+    def limits_after(ttft: float, tbt: float) -> dict:
         controller.study = optuna.create_study(direction="maximize")
         controller.study.add_trial(create_trial(params=incumbent, distributions=space.distributions(), value=0.9,
                                                 user_attrs={"window": {"ttft_p50_s": ttft, "tbt_p99_s": tbt}}))
-        return controller._budget_limits(incumbent)
+        return controller._slo_limits(incumbent)
 
-    assert limits_after(ttft=0.5, tbt=0.1) == (None, None)
-    assert limits_after(ttft=1.9, tbt=0.1) == (256, None)
-    assert limits_after(ttft=0.5, tbt=0.24) == (None, 256)
+    open_ = (None, None)
+    assert limits_after(ttft=0.5, tbt=0.1) == {"token_budget": open_, "step_headroom": open_, "error_budget": open_}
+    assert limits_after(ttft=1.9, tbt=0.1) == {"token_budget": (256, None), "step_headroom": (0.9, None),
+                                               "error_budget": open_}
+    assert limits_after(ttft=0.5, tbt=0.24) == {"token_budget": (None, 256), "step_headroom": (None, 0.9),
+                                                "error_budget": (None, 0.5)}
     for _ in range(8):
         trial, params = controller._ask(incumbent, recheck=False)
-        assert params["token_budget"] <= 256, params
+        assert params["token_budget"] <= 256 and params["step_headroom"] <= 0.9 and params["error_budget"] <= 0.5, params
         controller.study.tell(trial, state=TrialState.FAIL)
 
 
