@@ -445,9 +445,7 @@ def _near(latencies: list[float], bound: float) -> bool:
 def _within_limits(params: dict[str, Any], limits: dict[str, tuple[float | None, float | None]]) -> dict[str, Any]:
     """`params` with each limited knob moved into its [low, high] where those are set."""
     out = dict(params)
-    for name, (low, high) in limits.items():
-        if name not in out:
-            continue
+    for name, (low, high) in limits.items():     # limits name only knobs of the space, as params do
         if high is not None:
             out[name] = min(out[name], high)
         if low is not None:
