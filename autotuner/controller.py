@@ -21,6 +21,7 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
+from autotuner.failures import TunerFailures
 from autotuner.objective import Score, badly_violated, score_window, slo_excess
 from autotuner.regime import DriftDetector, Regime, WorkloadContext
 from autotuner.search_space import CONFIG, SearchSpace
@@ -102,6 +103,11 @@ class Controller:
         self.study: optuna.Study | None = None
         self.start = target.now()
         self.last_good = target.knobs()
+        # the configured knobs: where live exploration stays near when a regime has no warm start
+        self.defaults = space.clamp(asdict(self.last_good) | {"policy": settings.policy})
+        self.anchor: dict[str, Any] | None = None      # a second trust-region centre (the defaults), or None
+        self.failures = TunerFailures()
+        self.attainment_held: float | None = None      # exploration paused: the incumbent's recent SLO attainment
         self.paused = False
         self.pinned: Knobs | None = None
         self.windows = 0
@@ -195,10 +201,33 @@ class Controller:
         self._since_recheck = 0
         self._decide("drift" if previous else "regime", None, self.target.knobs(), None, observed,
                      previous=previous.key if previous else None)
+        self.anchor = None
         if self.warm_start and not self.study.trials:
-            for params in self.warm_start(regime, observed):
+            for params in self._warm_start_picks(regime, observed):
                 self.study.enqueue_trial(params, user_attrs={"source": "warm-start"}, skip_if_exists=True)
                 self._decide("warm-start", None, self._knobs_for(params), None)
+
+    def _warm_start_picks(self, regime: Regime, observed: WindowSummary) -> list[dict[str, Any]]:
+        """The warm start's configurations; none when it fails, and then live exploration of this
+        regime stays within the trust region around the defaults as well as the incumbent's: with
+        no simulation to say where good configurations lie, TPE's random start-up samples had
+        walked the live engine to token caps of 480-1600 during a capacity search."""
+        try:
+            return self.warm_start(regime, observed)
+        except InterruptedError:
+            raise
+        except Exception as e:
+            self.anchor = self.defaults
+            self.record_failure("warm_start", f"{type(e).__name__}: {e}")
+            return []
+
+    def record_failure(self, stage: str, cause: str) -> None:
+        """A part of the tuner that failed (stage: warm_start, sample): logged as an ERROR, counted
+        (/metrics, `tuner status`) and written to the decision log, whose report lists it."""
+        self.failures.record(stage, cause, self.target.now() - self.start)
+        log.error("tuner: %s failed: %s%s", stage.replace("_", " "), cause,
+                  "; exploring only near the configured knobs" if stage == "warm_start" else "")
+        self._decide("failure", None, self.target.knobs(), None, stage=stage, cause=cause)
 
     # -- choosing --
     def _completed(self) -> list[optuna.trial.FrozenTrial]:
@@ -219,9 +248,11 @@ class Controller:
         load, so a live trial could only lose requests (on shift-gpu, H100 profile, trust-region
         trials around such incumbents cost 9% of goodput and 7% of windows)."""
         completed = self._completed()
+        self.attainment_held = None
         if best_configuration(completed, self.space) is None or self._queued():
             return "trial"                       # nothing safe to re-measure yet, or picks still to measure
-        if self._nothing_to_win(incumbent):
+        self.attainment_held = self._nothing_to_win(incumbent)
+        if self.attainment_held is not None:
             return "recheck"
         exploring = len(completed) < self.settings.explore_trials or self.windows % self.settings.explore_every == 0
         if not exploring or self._since_recheck >= self.settings.recheck_every:
@@ -231,9 +262,12 @@ class Controller:
     def _queued(self) -> bool:
         return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
-    def _nothing_to_win(self, incumbent: dict[str, Any]) -> bool:
+    def _nothing_to_win(self, incumbent: dict[str, Any]) -> float | None:
+        """The incumbent's mean SLO attainment over its latest windows when it is at least
+        `nothing_to_win` (exploration pauses), else None."""
         attainment = [w["slo_attainment"] for w in self._recent_windows(incumbent) if w.get("slo_attainment") is not None]
-        return bool(attainment) and sum(attainment) / len(attainment) >= self.settings.nothing_to_win
+        mean = sum(attainment) / len(attainment) if attainment else 0.0
+        return mean if attainment and mean >= self.settings.nothing_to_win else None
 
     def _recent_windows(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         """The latest RECENT_WINDOWS measured windows of this configuration."""
@@ -249,17 +283,23 @@ class Controller:
             trial = self.study.ask(dists)
             params = self.space.snap(trial.params)
             queued = trial.user_attrs.get("source") in ("warm-start", "recheck")
-            within = self.space.within(params, incumbent, self.settings.trust_radius)
+            within = all(self.space.within(params, c, self.settings.trust_radius) for c in self._centres(incumbent))
             if queued or (within and _within_limits(params, limit) == params):
                 trial.set_user_attr("source", trial.user_attrs.get("source", "live"))
                 self.state.claim(trial)
                 return trial, params
             self._fail(trial, "rejected", "outside trust region" if not within else "no SLO headroom")
-        projected = _within_limits(self.space.project(params, incumbent, self.settings.trust_radius), limit)
+        for centre in self._centres(incumbent):
+            params = self.space.project(params, centre, self.settings.trust_radius)
+        projected = _within_limits(params, limit)
         self.study.enqueue_trial(projected, user_attrs={"source": "live"})
         trial = self.study.ask(dists)
         self.state.claim(trial)
         return trial, self.space.snap(trial.params)
+
+    def _centres(self, incumbent: dict[str, Any]) -> list[dict[str, Any]]:
+        """The trust regions a live trial must lie in: the incumbent's, and the defaults' when set."""
+        return [incumbent] if self.anchor is None else [incumbent, self.anchor]
 
     def _slo_limits(self, incumbent: dict[str, Any]) -> dict[str, tuple[float | None, float | None]]:
         """Per knob, (lowest, highest) value worth exploring around the incumbent. A larger token
@@ -317,7 +357,8 @@ class Controller:
         if result.feasible:
             self.last_good = knobs
         self._count(result, exploring=action == "trial")
-        self._decide(action, trial.number, knobs, result, window)
+        held = {} if self.attainment_held is None else {"exploration": "paused", "held_attainment": self.attainment_held}
+        self._decide(action, trial.number, knobs, result, window, **held)
 
     def _tell(self, trial: optuna.Trial, result: Score, window: WindowSummary) -> None:
         for name, value in result.constraints.items():

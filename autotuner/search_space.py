@@ -12,9 +12,10 @@ import optuna
 import yaml
 
 from policies import POLICIES
-from policies.knobs import KNOB_SPECS
+from policies.knobs import KNOB_SPECS, Knobs
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tuning.yaml"
+DEFAULT_KNOBS = Knobs().as_dict()
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class KnobRange:
         if self.step:
             value = max(self.step, round(value / self.step) * self.step)
         value = min(self.high, max(self.low, value))
-        return int(value) if KNOB_SPECS[self.name].kind is int else float(value)
+        return round(value) if KNOB_SPECS[self.name].kind is int else float(value)
 
     def distance(self, a: float, b: float) -> float:
         """How far apart two values are, as a share of the range (in log space for log knobs)."""
@@ -68,13 +69,16 @@ class SearchSpace:
         return self.snap(params)
 
     def snap(self, params: dict[str, Any]) -> dict[str, Any]:
-        snapped = {r.name: r.snap(params[r.name]) for r in self.ranges if r.name in params}
+        """Every knob of the space on its grid; a knob `params` lacks takes its default (a study
+        stored before the knob joined the space carries over)."""
+        snapped = {r.name: r.snap(params.get(r.name, DEFAULT_KNOBS[r.name])) for r in self.ranges}
         if "policy" in params:
             snapped["policy"] = params["policy"]
         return snapped
 
     def within(self, params: dict[str, Any], center: dict[str, Any], radius: float) -> bool:
         """Every knob within `radius` (share of its range) of the center; the policy only if equal."""
+        params, center = self.snap(params), self.snap(center)
         if self.policies and params.get("policy") != center.get("policy", params.get("policy")):
             return False
         return all(r.distance(params[r.name], center[r.name]) <= radius
@@ -83,16 +87,17 @@ class SearchSpace:
 
     def project(self, params: dict[str, Any], center: dict[str, Any], radius: float) -> dict[str, Any]:
         """The point of the trust region nearest to `params` (knob by knob)."""
+        params, center = self.snap(params), self.snap(center)
         out = dict(params)
         for r in self.ranges:
             lo, hi = _interval(r, center[r.name], radius)
             if r.step:                         # a move of one tile is always allowed, or small budgets freeze
                 lo, hi = min(lo, center[r.name] - r.step), max(hi, center[r.name] + r.step)
             value = r.snap(min(hi, max(lo, params[r.name])))
-            if r.step and value > hi:          # the tile grid may round past the edge: one tile back
-                value = r.snap(value - r.step)
-            elif r.step and value < lo:
-                value = r.snap(value + r.step)
+            if value > hi:                     # the tile grid, or rounding to an integer, went past the edge
+                value = r.snap(value - r.step) if r.step else r.snap(math.floor(hi))
+            elif value < lo:
+                value = r.snap(value + r.step) if r.step else r.snap(math.ceil(lo))
             out[r.name] = value
         if self.policies and "policy" in center:
             out["policy"] = center["policy"]

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autotuner.background import BackgroundRunner
 from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings
+from autotuner.failures import STAGES
 from autotuner.search_space import CONFIG, load_search_space
 from simulation.cost_model_files import find_cost_model
 from autotuner.targets import EngineTarget
@@ -32,6 +33,10 @@ class TunerMetrics:
         r = registry
         self.decisions = Counter(P + "tuner_decisions", "Tuner decisions by action.", ["action"], registry=r)
         self.violations = Counter(P + "tuner_violating_windows", "Measured windows that missed the SLO.", registry=r)
+        self.failures = Counter(P + "tuner_failures", "Failures of the tuner's own work (warm start, TPE sample) "
+                                "by stage; serving goes on, on the last good knobs.", ["stage"], registry=r)
+        for stage in STAGES:
+            self.failures.labels(stage)
         self.paused = Gauge(P + "tuner_paused", "1 while the tuner is paused or pinned.", registry=r)
         self.knob = Gauge(P + "tuner_applied_knob", "Knob values of the tuner's latest decision.", ["knob"],
                           registry=r)
@@ -40,6 +45,8 @@ class TunerMetrics:
 
     def on_decision(self, entry: dict[str, Any]) -> None:
         self.decisions.labels(entry["action"]).inc()
+        if entry["action"] == "failure":
+            self.failures.labels(entry["stage"]).inc()
         if entry.get("violated"):
             self.violations.inc()
         if entry["action"] in ("pause", "pin", "resume"):
@@ -85,6 +92,8 @@ class TunerService:
                                   runner=background_runner(simulating) if simulating else search)
         self.controller = Controller(target, self.space, state, self.slo, self.settings, warm)
         self.controller.listeners.append(self.metrics.on_decision)
+        if sampling:
+            sampling.on_failure = lambda cause: self.controller.record_failure("sample", cause)
         self.controller.cold_start(slo_token_budget(self.cost.current(), self.slo, self.space, SLO_HEADROOM))
         self._thread = threading.Thread(target=self.controller.run, args=(self.stop_event,), name="tuner",
                                         daemon=True)
@@ -103,5 +112,18 @@ class TunerService:
         return {"running": self._thread is not None and self._thread.is_alive(), "paused": c.paused,
                 "pinned": c.pinned.as_dict() if c.pinned else None, "regime": c.regime.key if c.regime else None,
                 "incumbent": c.incumbent() if c.study else None, "windows": c.windows,
-                "violating_windows": c.violations, "state_dir": self.state_dir,
+                "violating_windows": c.violations, "exploration": exploration_status(c),
+                "failures": c.failures.as_dict(), "state_dir": self.state_dir,
                 "cost_model": self.cost.describe() if self.cost else None}
+
+
+def exploration_status(c: Controller) -> str:
+    """One line for operators: whether the tuner explores, and why not when it does not."""
+    if c.paused or c.pinned:
+        return "paused by an operator" if c.paused else "pinned by an operator"
+    if c.attainment_held is not None:
+        return (f"serving {c.attainment_held:.1%} of requests within the SLO: within {1 - c.attainment_held:.1%} of "
+                "the best any configuration can do for this regime (the offered load); exploration paused")
+    if c.anchor is not None:
+        return "warm start failed: exploring only within the trust region around the configured knobs"
+    return "exploring" if c.study is not None else "waiting for traffic"

@@ -192,6 +192,15 @@ class SimulatorWarmStart:
                             observed.arrival_rate_rps, self.trials, self.keep, self.seed)
 
 
-def background_runner(runner: BackgroundRunner) -> Runner:
-    """`search` in `runner`'s child process; no configurations when it fails or times out."""
-    return lambda job: runner.run(search, job, fallback=[])
+class WarmStartFailed(RuntimeError):
+    """The warm start's search failed in its background process (the cause is the message)."""
+
+
+def background_runner(runner: BackgroundRunner, fn: Runner = search) -> Runner:
+    """`fn` (the search) in `runner`'s child process; WarmStartFailed when the child fails or times out."""
+    def run(job: WarmStartJob) -> list[dict[str, Any]]:
+        best = runner.run(fn, job, fallback=None)
+        if best is None:
+            raise WarmStartFailed(runner.last_failure or "the background search failed")
+        return best
+    return run

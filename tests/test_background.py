@@ -1,8 +1,10 @@
 """The tuner's compute in a background process: same answers as in-process, lowest priority, a CPU
-share, and a child that fails or hangs gives nothing (and a warning), never an error."""
+share, and a child that fails or hangs gives nothing (an ERROR and a counted failure), never a
+crash; the child imports the project, never a same-named module of the working directory."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -22,13 +24,14 @@ from simulation.workload_run import make_simulator
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_service import TunerService
 from autotuner.tuner_state import TunerState
-from autotuner.warm_start import SimulatorWarmStart, WarmStartJob, search
+from autotuner.warm_start import SimulatorWarmStart, WarmStartJob, background_runner, search
 from loadgen.workload import generate, load_workload
 from simulation.cost_model import CostModel
 from policies import Knobs
 from telemetry.window import SLO, TelemetryWindow
 
 SLO_ = SLO(2.0, 0.25)
+PACKAGES = ("autotuner", "engine", "policies", "serving", "cluster", "simulation", "telemetry", "loadgen")
 COST = CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
 
 
@@ -84,13 +87,26 @@ def test_child_keeps_within_its_cpu_share():
     assert throttle() is None                    # a no-op in this process
 
 
-@pytest.mark.parametrize("fn", [fail, die, hang])
-def test_failing_or_hanging_child_gives_the_fallback_and_a_warning(fn, caplog):
-    start = time.monotonic()
+@pytest.mark.parametrize("fn, cause", [(fail, "simulation exploded"), (die, "exit code 3"), (hang, "timeout")])
+def test_failing_or_hanging_child_gives_the_fallback_and_an_error(fn, cause, caplog):
+    start, causes = time.monotonic(), []
+    runner = BackgroundRunner(timeout_s=3, on_failure=causes.append)
     with caplog.at_level(logging.WARNING, logger="autotuner.background"):
-        assert BackgroundRunner(timeout_s=3).run(fn, None, fallback=[]) == []
+        assert runner.run(fn, None, fallback=[]) == []
     assert time.monotonic() - start < 30
-    assert any(r.levelno == logging.WARNING for r in caplog.records)
+    assert any(r.levelno == logging.ERROR and cause in r.getMessage() for r in caplog.records)
+    assert len(causes) == 1 and cause in causes[0] and runner.last_failure == causes[0]
+
+
+def test_the_child_ignores_modules_of_the_working_directory(tmp_path, monkeypatch):
+    """A user directory holding a file named after each of our top-level packages: the child still
+    imports ours (`python -m` had put the working directory first: `loadgen.py` broke every warm
+    start with "'loadgen' is not a package")."""
+    for name in PACKAGES:
+        (tmp_path / f"{name}.py").write_text("raise ImportError('the working directory was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))      # as `python -m serving.cli` started from there
+    assert BackgroundRunner(cpu_share=1.0).run(search, job(), fallback=None)
 
 
 def test_stopping_interrupts_the_wait():
@@ -103,8 +119,9 @@ def test_stopping_interrupts_the_wait():
 
 
 def test_controller_goes_on_when_the_background_warm_start_fails(tmp_path):
-    """The warm start's child raises: the regime starts without warm-start trials and the
-    controller measures windows as usual."""
+    """The warm start's child raises: the failure is counted and logged, the regime starts without
+    warm-start trials, the controller measures windows as usual, and its live trials stay within
+    the trust region around the configured knobs."""
     sim = make_simulator(COST, "adaptive", Knobs(token_budget=128), SLO_)
     target = SimulatedTarget(sim, TelemetryWindow(SLO_, clock=lambda: sim.now))
     settings = ControllerSettings.load(policy="adaptive", min_window_s=10.0, max_window_s=30.0, min_requests=10,
@@ -112,7 +129,8 @@ def test_controller_goes_on_when_the_background_warm_start_fails(tmp_path):
     runner, jobs = BackgroundRunner(timeout_s=60), []
     warm = SimulatorWarmStart(lambda: COST, load_search_space(), SLO_, "adaptive", target.knobs,
                               lambda s: target.telemetry.recent_requests(s, now=sim.now), 4, 3,
-                              runner=lambda j: jobs.append(j) or runner.run(fail, j, fallback=[]))
+                              runner=lambda j: jobs.append(j) or failing(j))
+    failing = background_runner(runner, fn=fail)
     controller = Controller(target, load_search_space(), TunerState(tmp_path, seed=0), SLO_, settings, warm)
     sim.submit(generate(load_workload("chat"), qps=1.0, duration_s=400, seed=3))
     while controller.windows < 2:
@@ -120,12 +138,18 @@ def test_controller_goes_on_when_the_background_warm_start_fails(tmp_path):
         controller.step()
     assert controller.regime is not None and len(jobs) == 1
     assert not [t for t in controller.study.trials if t.user_attrs.get("source") == "warm-start"]
+    assert controller.failures.count("warm_start") == 1 and controller.anchor == controller.defaults
+    live = [load_search_space().snap(t.params) for t in controller.study.trials if t.state is TrialState.COMPLETE]
+    assert live and all(controller.space.within(p, controller.defaults, settings.trust_radius + 1e-9) for p in live)
+    failures = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()
+                if json.loads(line)["action"] == "failure"]
+    assert [f["stage"] for f in failures] == ["warm_start"] and "simulation exploded" in failures[0]["cause"]
 
 
 @pytest.mark.parametrize("background", [True, False])
 def test_the_daemon_runs_its_warm_start_and_samples_in_the_background(tmp_path, monkeypatch, background):
     calls = []
-    monkeypatch.setattr(BackgroundRunner, "run", lambda self, fn, arg, fallback: calls.append((self, fn)) or fallback)
+    monkeypatch.setattr(BackgroundRunner, "run", lambda self, fn, arg, fallback: calls.append((self, fn)) or [])
     settings = ControllerSettings.load(background=background, background_cpu_share=0.3)
     tuner = TunerService(str(tmp_path), SLO_, CollectorRegistry(), 512, settings)
     engine = SimpleNamespace(step_listeners=[], scheduler=SimpleNamespace(latest_knobs=Knobs()),
