@@ -457,6 +457,12 @@ class Controller:
             listener(entry)
 
 
+def paused_line(attainment: float) -> str:
+    """What `tuner status` and the report say while exploration is paused (see _next_action)."""
+    return (f"serving {attainment:.1%} of requests within the SLO: within {1 - attainment:.1%} of the best any "
+            "configuration can do for this regime (the offered load); exploration paused")
+
+
 def best_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSpace
                        ) -> tuple[dict[str, Any], float] | None:
     """The configuration with the best mean value over its measurements (re-checks of the same

@@ -107,10 +107,13 @@ def violating_fraction(records: list[RequestRecord], slo: SLO, window_s: float =
 
 def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
                       settings: ControllerSettings, space: SearchSpace | None = None, seed: int = 0,
-                      initial: Knobs | None = None) -> tuple[Controller, list[RequestRecord], float]:
-    """Serve `specs` on the simulator with the controller retuning it window after window."""
+                      initial: Knobs | None = None, initial_policy: str | None = None
+                      ) -> tuple[Controller, list[RequestRecord], float]:
+    """Serve `specs` on the simulator with the controller retuning it window after window, starting
+    from `initial_policy` (default: the tuned policy) with `initial` knobs (default: Knobs())."""
     space = space or load_search_space()
-    sim = make_simulator(cost, settings.policy, initial or Knobs(), slo, prefix_caching=shares_prefixes(specs))
+    sim = make_simulator(cost, initial_policy or settings.policy, initial or Knobs(), slo,
+                         prefix_caching=shares_prefixes(specs))
     telemetry = TelemetryWindow(slo, clock=lambda: sim.now)
     target = SimulatedTarget(sim, telemetry)
     records: list[RequestRecord] = []

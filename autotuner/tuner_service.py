@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autotuner.background import BackgroundRunner
-from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings
+from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings, paused_line
 from autotuner.failures import STAGES
 from autotuner.search_space import CONFIG, load_search_space
 from simulation.cost_model_files import find_cost_model
@@ -122,8 +122,7 @@ def exploration_status(c: Controller) -> str:
     if c.paused or c.pinned:
         return "paused by an operator" if c.paused else "pinned by an operator"
     if c.attainment_held is not None:
-        return (f"serving {c.attainment_held:.1%} of requests within the SLO: within {1 - c.attainment_held:.1%} of "
-                "the best any configuration can do for this regime (the offered load); exploration paused")
+        return paused_line(c.attainment_held)
     if c.anchor is not None:
         return "warm start failed: exploring only within the trust region around the configured knobs"
     return "exploring" if c.study is not None else "waiting for traffic"

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
-from autotuner.controller import best_configuration
+from autotuner.controller import best_configuration, paused_line
 from autotuner.search_space import load_search_space
 
 DB_NAME = "tuner.db"
@@ -81,6 +81,7 @@ class RegimeReport:
     after: Outcome | None            # the windows that ran the chosen configuration
     windows: int                     # windows whose SLO verdict is known
     violated_windows: int
+    status: str | None = None        # why exploration is paused (its latest measured window), else None
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,16 @@ class Decision:
     context: dict[str, float | None]
     window: Window | None
     violated: bool | None
+    held_attainment: float | None = None   # exploration paused: the incumbent's recent SLO attainment
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A part of the tuner that failed (its warm start, a TPE sample); serving went on."""
+    t: float
+    time: str | None
+    stage: str
+    cause: str
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,7 @@ class TuningReport:
     timeline: tuple[Decision, ...]
     windows: int
     violated_windows: int
+    failures: tuple[Failure, ...] = ()   # none in logs written before failures were logged
 
     @property
     def violation_fraction(self) -> float | None:
@@ -117,7 +129,9 @@ class TuningReport:
         """The inverse of as_dict (the JSON rendering parsed back)."""
         regimes = tuple(_regime_from_dict(r) for r in d["regimes"])
         timeline = tuple(Decision(**e) for e in d["timeline"])
-        return cls(d["state_dir"], d["generated_at"], regimes, timeline, d["windows"], d["violated_windows"])
+        failures = tuple(Failure(**f) for f in d.get("failures", ()))
+        return cls(d["state_dir"], d["generated_at"], regimes, timeline, d["windows"], d["violated_windows"],
+                   failures)
 
 
 def _regime_from_dict(d: dict[str, Any]) -> RegimeReport:
@@ -132,13 +146,15 @@ def build_report(state_dir: str) -> TuningReport:
     db, log = os.path.join(state_dir, DB_NAME), os.path.join(state_dir, DECISIONS_NAME)
     # A zero-byte database is what a controller that died before its first study leaves.
     studies = _load_studies(db) if os.path.isfile(db) and os.path.getsize(db) else []
-    timeline = tuple(_load_decisions(log)) if os.path.isfile(log) else ()
+    entries = _load_entries(log) if os.path.isfile(log) else []
+    timeline = tuple(_decision(e) for e in entries)
     if not studies and not timeline:
         raise ValueError(f"no tuner state in {state_dir}: run the daemon or `autotuned-serve tune --simulate` first")
     regimes = tuple(_regime(study, trials, timeline) for study, trials in studies)
     windows, violated = _verdicts(timeline)
+    failures = tuple(_failure(e) for e in entries if e["action"] == "failure")
     return TuningReport(os.path.abspath(state_dir), datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                        regimes, timeline, windows, violated)
+                        regimes, timeline, windows, violated, failures)
 
 
 def _load_studies(db: str) -> list[tuple[Any, list[Any]]]:
@@ -160,26 +176,37 @@ def _load_studies(db: str) -> list[tuple[Any, list[Any]]]:
         raise ValueError(f"{db} is not a readable Optuna database: {reason}") from None
 
 
-def _load_decisions(path: str) -> list[Decision]:
+def _load_entries(path: str) -> list[dict[str, Any]]:
+    """The decision log's entries, each one checked to read as a Decision (and a Failure where it is one)."""
     with open(path) as f:
         lines = [line for line in f.read().splitlines() if line.strip()]
-    decisions = []
+    entries = []
     for n, line in enumerate(lines, 1):
         try:
-            decisions.append(_decision(json.loads(line)))
+            entry = json.loads(line)
+            _decision(entry)
+            if entry["action"] == "failure":
+                _failure(entry)
+            entries.append(entry)
         except (ValueError, TypeError, KeyError, AttributeError):
             if n == len(lines):    # a crash mid-write leaves a torn last line; everything before it stands
                 break
             raise ValueError(f"{path}:{n}: not a decision record") from None
-    return decisions
+    return entries
 
 
 def _decision(d: dict[str, Any]) -> Decision:
     window = d.get("window")
     violated = d.get("violated")
+    held = _num(d.get("held_attainment")) if d.get("exploration") == "paused" else None
     return Decision(float(d["t"]), d.get("time"), d.get("regime"), str(d["action"]), d.get("trial"),
                     dict(d.get("knobs") or {}), {k: _num(v) for k, v in (d.get("context") or {}).items()},
-                    None if window is None else _window(window), None if violated is None else bool(violated))
+                    None if window is None else _window(window), None if violated is None else bool(violated),
+                    held)
+
+
+def _failure(d: dict[str, Any]) -> Failure:
+    return Failure(float(d["t"]), d.get("time"), str(d["stage"]), str(d.get("cause") or ""))
 
 
 def _regime(study: Any, trials: list[Any], timeline: tuple[Decision, ...]) -> RegimeReport:
@@ -192,7 +219,16 @@ def _regime(study: Any, trials: list[Any], timeline: tuple[Decision, ...]) -> Re
     return RegimeReport(key, dict(study.user_attrs.get("regime") or {}), study.user_attrs.get("created_at"),
                         _distributions(trials), rows, _counts(trials, rows), chosen,
                         _outcome(runs[:1], runs[0][0]) if runs else None,
-                        _after(runs, chosen), windows, violated)
+                        _after(runs, chosen), windows, violated, _status(decisions))
+
+
+def _status(decisions: list[Decision]) -> str | None:
+    """Why exploration is paused, as `tuner status` says it, when the latest measured window says it is."""
+    measured = [d for d in decisions if d.window is not None]
+    held = measured[-1].held_attainment if measured else None
+    if held is None:
+        return None
+    return paused_line(held)
 
 
 def _trial_row(trial: Any) -> TrialRow:

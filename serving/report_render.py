@@ -21,7 +21,8 @@ from typing import Any, Callable
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from serving.report import WINDOW_KEYS, Decision, Outcome, RegimeReport, TrialRow, TuningReport, ordered_knobs
+from serving.report import (WINDOW_KEYS, Decision, Failure, Outcome, RegimeReport, TrialRow, TuningReport,
+                            ordered_knobs)
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
 # Optuna's matplotlib plots draw through pyplot, whose figure registry and style are process-global
@@ -77,7 +78,8 @@ img { max-width: 100%; display: block; margin: 0.5em 0; } code { background: #f4
 def render_html(report: TuningReport) -> str:
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>Tuning report: {_esc(report.state_dir)}</title><style>{STYLE}</style></head><body>",
-             "<h1>Tuning report</h1>", _overview(report), "<h2>Summary</h2>", _summary_table(report),
+             "<h1>Tuning report</h1>", _overview(report), *_failures_section(report.failures),
+             "<h2>Summary</h2>", _summary_table(report),
              "<h2>Timeline</h2>", _plot_html(Plot("Knobs against the workload (red: SLO violated, dotted: regime "
                                                    "change)", _timeline_png(report.timeline),
                                                    "no controller decisions recorded")),
@@ -94,6 +96,14 @@ def _overview(report: TuningReport) -> str:
         f"{report.violated_windows} of {report.windows} windows ({fraction:.1%}) violated the SLO")
     return (f"<p>State <code>{_esc(report.state_dir)}</code>, generated {_esc(report.generated_at)}: "
             f"{len(report.regimes)} regime(s), {len(report.timeline)} controller decision(s); {_esc(violated)}.</p>")
+
+
+def _failures_section(failures: tuple[Failure, ...]) -> list[str]:
+    """The tuner's own failures (serving went on without them): a section only when there are any."""
+    if not failures:
+        return []
+    rows = [([_esc(f.time or f"t={f.t:g} s"), _esc(f.stage), _esc(f.cause)], "") for f in failures]
+    return ["<h2>Tuner failures</h2>", _table(["time", "stage", "cause"], rows, text_columns={0, 1, 2})]
 
 
 def _summary_table(report: TuningReport) -> str:
@@ -120,6 +130,8 @@ def _regime_section(r: RegimeReport) -> str:
              f"{c.complete} complete ({c.feasible} feasible), {c.aborted} aborted, {c.failed} failed, "
              f"{c.rejected} rejected outside the trust region, {c.running} left running, "
              f"{c.warm_start} warm-start, {c.recheck} recheck.</p>"]
+    if r.status:
+        lines.append(f"<p>Tuner: {_esc(r.status)}.</p>")
     if r.chosen:
         lines.append(f"<p>Chosen configuration: trial {r.chosen.trial}, <code>{_esc(_knobs_text(r.chosen.params))}"
                      f"</code>, goodput {_cell(r.chosen.value)} rps.</p>")

@@ -14,11 +14,12 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
+from autotuner.controller import paused_line
 from autotuner.search_space import load_search_space
 from policies import Knobs
 from serving.cli import main
 from serving.report import WINDOW_KEYS, TuningReport, build_report
-from serving.report_render import render_csv, render_json
+from serving.report_render import render_csv, render_html, render_json
 
 A, B = "io=2^3|rate=2^-1|kv=low", "io=2^0|rate=2^1|kv=high"
 DISTS = {"token_budget": IntDistribution(32, 2048, log=True), "prefill_priority": FloatDistribution(0, 1),
@@ -215,3 +216,50 @@ def test_html_to_stdout_and_a_corrupt_log_are_refused(state_dir, tmp_path, capsy
     (tmp_path / "decisions.jsonl").write_text('not json\n{"t": 1, "action": "pause"}\n')
     with pytest.raises(ValueError, match="decisions.jsonl:1: not a decision record"):
         build_report(str(tmp_path))
+
+
+def append_failure_and_pause(state_dir, to) -> None:
+    """`state_dir`'s state in `to`, its log (torn line dropped) followed by entries as the controller
+    writes them: a failed warm start, and a measured window of regime B with exploration paused."""
+    shutil.copy(state_dir / "tuner.db", to / "tuner.db")
+    lines = (state_dir / "decisions.jsonl").read_text().splitlines()[:-1]
+    failure = {"t": 575, "time": "2026-01-05T10:09:35+00:00", "regime": B, "action": "failure", "trial": None,
+               "knobs": logged_knobs(BEST), "context": None, "window": None, "violated": None,
+               "stage": "warm_start", "cause": "WarmStartFailed: search: No module named <loadgen>"}
+    paused = {"t": 600, "time": "2026-01-05T10:10:00+00:00", "regime": B, "action": "recheck", "trial": None,
+              "knobs": logged_knobs(BEST), "context": {"io_ratio": 1.0, "arrival_rate_rps": 2.0, "kv_usage": 0.3},
+              "window": window(2.0, 0.99), "violated": False, "exploration": "paused", "held_attainment": 0.99}
+    (to / "decisions.jsonl").write_text("\n".join([*lines, json.dumps(failure), json.dumps(paused)]) + "\n")
+
+
+def test_failures_and_paused_exploration_are_reported(state_dir, tmp_path):
+    """The tuner's failures (decision log "failure" entries) and a regime whose latest measured window
+    paused exploration reach the report, its JSON and the HTML page (the cause escaped)."""
+    append_failure_and_pause(state_dir, tmp_path)
+    report = build_report(str(tmp_path))
+    (failure,) = report.failures
+    assert (failure.t, failure.time, failure.stage) == (575, "2026-01-05T10:09:35+00:00", "warm_start")
+    assert failure.cause == "WarmStartFailed: search: No module named <loadgen>"
+    a, b = report.regimes
+    assert a.status is None
+    assert b.status == paused_line(0.99) and "serving 99.0% of requests within the SLO: within 1.0%" in b.status
+    assert TuningReport.from_dict(json.loads(render_json(report))) == report
+    page = render_html(report)
+    assert "<h2>Tuner failures</h2>" in page and "2026-01-05T10:09:35+00:00" in page
+    assert "No module named &lt;loadgen&gt;" in page and "<loadgen>" not in page
+    assert b.status in page
+
+
+def test_a_log_without_failures_or_pauses_still_loads(report, html_run):
+    """Logs written before failures and pauses were logged, and JSON reports rendered before the report
+    carried them, still load: no failures, no status, no failures section."""
+    assert report.failures == () and all(r.status is None for r in report.regimes)
+    assert all(d.held_attainment is None for d in report.timeline)
+    old = json.loads(render_json(report))
+    del old["failures"]
+    for r in old["regimes"]:
+        del r["status"]
+    for d in old["timeline"]:
+        del d["held_attainment"]
+    assert TuningReport.from_dict(old) == report
+    assert "Tuner failures" not in html_run[1] and "exploration paused" not in html_run[1]

@@ -1,32 +1,45 @@
 """The tuner inside a live daemon: it tunes under traffic, obeys pause/pin/resume on /admin/tuning,
-exports its report and metrics, and a failing controller never stops serving."""
+exports its report and metrics, a failing controller never stops serving, and its warm start runs
+from any working directory (or, failing, is counted on /metrics)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
+import yaml
 from optuna.trial import TrialState
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.cli import main
+from serving.cli import main, served_model_name
 from autotuner.controller import ControllerSettings
 from serving.daemon import extra_routes
 from serving.daemon_config import DaemonConfig
 from serving.daemon_telemetry import DaemonTelemetry
-from autotuner.tuner_service import TunerService
+from autotuner.search_space import CONFIG
+from autotuner.tuner_service import TUNING_CONFIG_ENV, TunerService
 from serving.api_server import ApiConfig
 from engine.engine_config import EngineConfig
-from telemetry.window import SLO
+from telemetry.window import SLO, TelemetryWindow
 from tests.conftest import make_engine
-from tests.live_server import LiveServer
+from policies import Knobs
+from tests.live_server import LiveServer, free_port
 
 WINDOWS = dict(min_window_s=1.0, max_window_s=2.0, context_window_s=2.0, min_requests=2, min_tbt_samples=10,
                warm_start_trials=0, nothing_to_win=1.01)   # the tiny model meets the SLO: explore anyway
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("autotuner", "engine", "policies", "serving", "cluster", "simulation", "telemetry", "loadgen")
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +68,18 @@ def daemon(tiny_hf, tmp_path_factory):
         tuner.stop()
 
 
-def send_traffic(url: str, stop: threading.Event) -> None:
+def send_traffic(url: str, stop: threading.Event, model: str = "tiny", pause_s: float = 0.0) -> None:
+    """Requests one after another until `stop`, `pause_s` apart (0: saturating the engine)."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
     i = 0
     while not stop.is_set():
         try:
-            client.completions.create(model="tiny", prompt=f"w{i % 50} w3 w4 w5", max_tokens=8,
+            client.completions.create(model=model, prompt=f"w{i % 50} w3 w4 w5", max_tokens=8,
                                       extra_body={"ignore_eos": True})
         except openai.APIError:
             pass
         i += 1
+        stop.wait(pause_s)
 
 
 def wait_for(predicate, timeout: float = 60.0) -> None:
@@ -170,3 +185,90 @@ def test_tuner_cli_talks_to_the_daemon(daemon, capsys):
     assert main(["tuner", "pin", "--url", server.url, "--knob", "token_budget=0"]) == 2
     assert "400" in capsys.readouterr().err
     assert main(["tuner", "resume", "--url", server.url]) == 0
+
+
+def warm_start_settings(path: Path) -> Path:
+    """The shipped tuning.yaml with the tests' short windows and a one-trial warm start, in the background."""
+    config = yaml.safe_load(Path(CONFIG).read_text())
+    # a 3 s context holds the 5 finished requests a warm start needs at the paced traffic's rate
+    config["controller"] |= WINDOWS | dict(context_window_s=3.0, warm_start_trials=1, warm_start_enqueue=1,
+                                           background=True)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def decisions(state_dir: Path) -> list[dict]:
+    """The daemon's decision log so far; a line it is writing (no newline yet) left out."""
+    path = state_dir / "decisions.jsonl"
+    return [json.loads(line) for line in path.read_text().split("\n")[:-1]] if path.exists() else []
+
+
+def up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_the_daemon_warm_starts_from_a_directory_shadowing_its_packages(tiny_hf, tmp_path):
+    """A daemon started from a directory holding a module named after each of our packages still
+    warm-starts in its background process (`python -m` had put that directory first on the child's
+    path: a user's loadgen.py failed every warm start)."""
+    cwd, state = tmp_path / "work", tmp_path / "state"
+    cwd.mkdir()
+    for name in PACKAGES:
+        (cwd / f"{name}.py").write_text("raise ImportError('the working directory was imported')\n")
+    # PYTHONPATH: the project importable from there without its editable install
+    env = os.environ | {TUNING_CONFIG_ENV: str(warm_start_settings(tmp_path / "tuning.yaml")),
+                        "PYTHONPATH": str(ROOT)}
+    port, log = free_port(), (tmp_path / "daemon.log").open("w")
+    # -P: the daemon itself must not import the shadowing modules (as its console script does not)
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "serving.cli", "serve", "--model", tiny_hf[0], "--dtype",
+                             "fp32", "--port", str(port), "--state-dir", str(state), "--no-calibrate"],
+                            cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url, stop = f"http://127.0.0.1:{port}", threading.Event()
+    # paced: the warm start's child runs at the lowest priority, starved beside a saturated engine
+    traffic = threading.Thread(target=send_traffic, args=(url, stop, served_model_name(tiny_hf[0]), 0.25),
+                               daemon=True)
+    try:
+        wait_for(lambda: proc.poll() is None and up(url))
+        traffic.start()
+        wait_for(lambda: {"warm-start", "failure"} & {d["action"] for d in decisions(state)})
+        failures = [d["cause"] for d in decisions(state) if d["action"] == "failure"]
+        errors = [line for line in (tmp_path / "daemon.log").read_text().splitlines() if "Error" in line]
+        assert not failures, (failures, errors[-5:])
+        assert "warm-start" in {d["action"] for d in decisions(state)}
+    finally:
+        stop.set()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        traffic.join(30)
+        log.close()
+
+
+def test_a_failing_warm_start_is_counted_on_metrics_and_in_status(tmp_path, monkeypatch):
+    """A warm start whose background process dies: counted once on /metrics'
+    autotuned:tuner_failures_total{stage="warm_start"} (the sample stage shown at 0 from the start)
+    and in `tuner status`."""
+    monkeypatch.setattr("autotuner.background.child_command", lambda: [sys.executable, "-c", "raise SystemExit(3)"])
+    registry = CollectorRegistry()
+    tuner = TunerService(str(tmp_path), SLO(2.0, 0.25), registry, 512, ControllerSettings.load(background=True))
+    engine = SimpleNamespace(step_listeners=[], scheduler=SimpleNamespace(latest_knobs=Knobs()),
+                             block_manager=SimpleNamespace(num_blocks=728, block_size=16))
+    tuner.start(engine, TelemetryWindow(SLO(2.0, 0.25)))
+    tuner.stop()                         # the controller is driven here, not by its thread (it saw no traffic)
+    assert not tuner.status()["running"]
+    tuner.stop_event.clear()             # set, it would interrupt the background run
+    controller = tuner.controller
+    # stand-in inputs (recent requests): the child fails before it reads them
+    monkeypatch.setattr(controller.warm_start, "job", lambda observed: SimpleNamespace(trials=2, lengths=[]))
+    assert controller._warm_start_picks(SimpleNamespace(key="io=2^0|rate=2^0|kv=low"), None) == []
+    sample = lambda stage: registry.get_sample_value("autotuned:tuner_failures_total", {"stage": stage})  # noqa: E731
+    assert sample("warm_start") == 1 and sample("sample") == 0
+    failures = tuner.status()["failures"]
+    assert list(failures) == ["warm_start"] and failures["warm_start"]["count"] == 1
+    assert "exit code 3" in failures["warm_start"]["last_cause"]

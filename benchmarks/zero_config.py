@@ -1,0 +1,226 @@
+"""The zero-config matrix: does the tuner spare the operator the hand-tuning, on every machine,
+workload and start? In the simulator, per hardware (this CPU's calibration, GPU profiles) and
+workload, at a share (--load) of the modelled machine's sustained capacity:
+
+- the best static configuration of the deadline policy's grid, run over the same requests;
+- per start (the daemon's defaults and configurations an operator might wrongly pick), the tuned
+  run from that start (`tune --simulate`'s controller, shipped configs/tuning.yaml) and the start
+  left alone (static);
+- convergence_s: the first 30-s boundary T from which, in every 120-s window (sliding by 30 s) to
+  the end, tuned serves >= 0.95x the best static's good requests, requests counted by arrival so
+  both runs are judged on the same requests;
+- after convergence: tuned / best static goodput over [T, end], and the share of 30-s windows (by
+  finish time) whose P50 TTFT or P99 TBT missed the SLO;
+- wrong_start_loss: best static goodput / the start's own static goodput (what not tuning costs).
+
+Each (hardware, workload) pair appends one JSON line to --out as it finishes, so a run can be split
+over processes and resumed (pairs already in the file are skipped).
+
+    python benchmarks/zero_config.py --hardware cpu --out docs/results/zero_config.jsonl
+    python benchmarks/zero_config.py --hardware h100-llama3.1-8b --workloads chat shift --out ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autotuner.controller import ControllerSettings
+from autotuner.search_space import load_search_space
+from autotuner.simulated_tuning import REPORT_WINDOW_S, best_of, evaluate_static, static_grid, tune_on_simulator
+from bench_common import cpu_model
+from engine.outputs import RequestRecord
+from loadgen.workload import RequestSpec, generate, load_workload
+from policies import Knobs
+from serving.settings import Settings
+from simulation.cost_model_files import resolve_cost_model
+from simulation.profile_cost_model import StepTimeModel
+from simulation.relative_load import simulated_capacity
+from telemetry.latency_summary import summarize_requests
+from telemetry.window import SLO
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_CALIBRATIONS = {"avx512": "configs/cost_models/smollm2-135m-instruct-fp32-quantized-cpu-avx512-bf16.json",
+                    "avx2": "configs/cost_models/smollm2-135m-instruct-fp32-quantized-cpu.json"}
+PROFILES = ("h100-llama3.1-8b", "a100-mistral-7b", "h100-llama3.1-70b-tp4", "h100-llama3.1-70b-tp8")
+WORKLOADS = ("chat", "summarization", "mixed-classes", "chat-system-prompt", "multi-turn", "shift", "diurnal")
+# what an operator might pick by hand, each wrong somewhere: tiny steps, huge prefill-first steps,
+# deadline steps sized to half the TBT slack
+WRONG_STARTS = {"sarathi-32": ("sarathi", {"token_budget": 32}),
+                "prefill-first-8192": ("prefill-first", {"token_budget": 8192}),
+                "deadline-headroom-0.5": ("deadline", {"token_budget": 2048, "step_headroom": 0.5})}
+CONVERGED = 0.95          # tuned goodput over the rest of the run, as a share of the best static's
+RATE_WINDOW_S = 120.0     # goodput is compared over windows this long (~140 requests on the CPU's chat)
+
+
+@dataclass(frozen=True)
+class Start:
+    name: str
+    policy: str
+    knobs: Knobs
+
+
+def starts() -> list[Start]:
+    """The daemon's defaults (serving/settings.py), then the wrong starts."""
+    defaults = Settings()
+    out = [Start("defaults", defaults.policy, defaults.knob_values())]
+    return out + [Start(name, policy, Knobs().replace(**knobs)) for name, (policy, knobs) in WRONG_STARTS.items()]
+
+
+def cpu_calibration() -> str:
+    """The shipped calibration of the kernels this CPU runs (AVX-512 VNNI, else AVX2)."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return str(ROOT / CPU_CALIBRATIONS["avx512" if "avx512_vnni" in flags else "avx2"])
+
+
+def cost_model(hardware: str) -> StepTimeModel:
+    if hardware == "cpu":
+        return resolve_cost_model(cpu_calibration())
+    return resolve_cost_model(profile=hardware)
+
+
+def good_by_arrival(specs: list[RequestSpec], records: list[RequestRecord], slo: SLO, bin_s: float) -> np.ndarray:
+    """Requests that met the SLO, per `bin_s` bin of their arrival time (simulator ids: sim-<index>)."""
+    arrivals = sorted(s.arrival_s for s in specs)
+    counts = np.zeros(int(arrivals[-1] // bin_s) + 1)
+    for r in records:
+        if slo.met_by(r):
+            counts[int(arrivals[int(r.request_id.removeprefix("sim-"))] // bin_s)] += 1
+    return counts
+
+
+def convergence_bin(tuned: np.ndarray, static: np.ndarray, bin_s: float) -> int | None:
+    """The first bin from which every RATE_WINDOW_S window (sliding by one bin, within the run) has
+    tuned serving >= CONVERGED x the static run's good requests; None if there is none."""
+    width = max(1, int(RATE_WINDOW_S // bin_s))
+    starts = range(len(tuned) - width + 1)
+    ok = [tuned[i:i + width].sum() >= CONVERGED * static[i:i + width].sum() for i in starts]
+    return next((first for first in starts if all(ok[first:])), None)
+
+
+def violating_after(records: list[RequestRecord], slo: SLO, start_s: float, window_s: float) -> float:
+    """Share of `window_s` windows (by finish time) from `start_s` whose P50 TTFT or P99 TBT missed."""
+    done = [r for r in records if r.finished >= start_s]
+    if not done:
+        return 0.0
+    bins: dict[int, list[RequestRecord]] = {}
+    for r in done:
+        bins.setdefault(int((r.finished - start_s) // window_s), []).append(r)
+    bad = 0
+    for group in bins.values():
+        ttft = [r.ttft_s for r in group if r.ttft_s is not None]
+        gaps = [g for r in group for g in r.tbt_s]
+        bad += bool((ttft and np.percentile(ttft, 50) > slo.ttft_s) or (gaps and np.percentile(gaps, 99) > slo.tbt_s))
+    return bad / (max(bins) + 1)
+
+
+def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SLO, start: Start, static_good: np.ndarray,
+             static_goodput: float, duration_s: float, seed: int) -> dict[str, Any]:
+    """One start: tuned from it, and left alone."""
+    with tempfile.TemporaryDirectory() as state:
+        t0 = time.perf_counter()
+        controller, records, end = tune_on_simulator(specs, cost, state, slo, ControllerSettings.load(),
+                                                     load_search_space(max_token_budget=None), seed,
+                                                     initial=start.knobs, initial_policy=start.policy)
+        wall = time.perf_counter() - t0
+    tuned = summarize_requests(records, slo, end - specs[0].arrival_s)
+    alone = evaluate_static(specs, cost, start.policy, start.knobs, slo)
+    good = good_by_arrival(specs, records, slo, REPORT_WINDOW_S)
+    first = convergence_bin(good, static_good, REPORT_WINDOW_S)
+    cell = {"start": start.name, "tuned_goodput_rps": tuned.goodput_rps, "tuned_over_best_static":
+            tuned.goodput_rps / static_goodput if static_goodput else None,
+            "left_alone_goodput_rps": alone.goodput_rps,
+            "wrong_start_loss": static_goodput / alone.goodput_rps if alone.goodput_rps else float("inf"),
+            "convergence_s": None, "after_convergence_over_best_static": None, "violating_after_convergence": None,
+            "windows": controller.windows, "warm_start_failures": controller.failures.count("warm_start"),
+            "wall_s": round(wall, 1)}
+    if first is not None:
+        t = first * REPORT_WINDOW_S
+        cell |= {"convergence_s": t, "after_convergence_over_best_static": good[first:].sum() / static_good[first:].sum()
+                 if static_good[first:].sum() else None,
+                 "violating_after_convergence": violating_after(records, slo, t, REPORT_WINDOW_S)}
+    return cell
+
+
+def run_pair(hardware: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
+    cost = cost_model(hardware)
+    wl = load_workload(workload)
+    slo = SLO(args.slo_ttft_s, args.slo_tbt_s if hardware == "cpu" else args.gpu_slo_tbt_s)
+    capacity = simulated_capacity(wl, cost, slo, args.seed)
+    qps = args.load * capacity
+    specs = generate(wl, qps=qps, duration_s=args.duration, seed=args.seed)
+    grid = static_grid(specs, cost, load_search_space(max_token_budget=None), "deadline", slo)
+    best_params, best = best_of(grid)
+    static_good = good_by_arrival(specs, simulate_records(specs, cost, best_params, slo), slo, REPORT_WINDOW_S)
+    cells = [run_cell(specs, cost, slo, s, static_good, best.goodput_rps, args.duration, args.seed) for s in starts()]
+    return {"hardware": hardware, "workload": workload, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
+            "capacity_qps": capacity, "load": args.load, "qps": qps, "num_requests": len(specs),
+            "duration_s": args.duration, "best_static_knobs": best_params, "best_static_goodput_rps": best.goodput_rps,
+            "best_static_slo_attainment": best.slo_attainment, "cells": cells}
+
+
+def simulate_records(specs: list[RequestSpec], cost: StepTimeModel, params: dict[str, Any], slo: SLO
+                     ) -> list[RequestRecord]:
+    from simulation.workload_run import simulate
+
+    return simulate(specs, cost, "deadline", Knobs().replace(**params), slo).records
+
+
+def provenance() -> dict[str, str]:
+    """Which machine, commit and command produced a result."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    return {"cpu": cpu_model(), "commit": commit.strip(), "command": " ".join(["python", *sys.argv])}
+
+
+def done_pairs(out: Path) -> set[tuple[str, str]]:
+    if not out.exists():
+        return set()
+    return {(r["hardware"], r["workload"]) for r in map(json.loads, out.read_text().splitlines()) if "cells" in r}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hardware", nargs="+", default=["cpu", *PROFILES],
+                   help="cpu (this machine's shipped calibration) and/or hardware profile names")
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    p.add_argument("--duration", type=float, default=900.0, help="simulated seconds of arrivals (default 900)")
+    p.add_argument("--load", type=float, default=0.6, help="share of the sustained simulated capacity (default 0.6: "
+                   "at 0.8 the best static configuration serves only ~80%% of the CPU's chat requests within the SLO)")
+    p.add_argument("--slo-ttft-s", type=float, default=2.0)
+    p.add_argument("--slo-tbt-s", type=float, default=0.25, help="TBT SLO on the CPU (default 0.25)")
+    p.add_argument("--gpu-slo-tbt-s", type=float, default=0.1, help="TBT SLO on GPU profiles (default 0.1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="JSON lines, one per (hardware, workload); appended")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = done_pairs(out)
+    for hardware in args.hardware:
+        for workload in args.workloads:
+            if (hardware, workload) in done:
+                continue
+            t0 = time.perf_counter()
+            result = run_pair(hardware, workload, args) | provenance() | {"wall_s":
+                                                           round(time.perf_counter() - t0, 1)}
+            with out.open("a") as f:
+                f.write(json.dumps(result, default=str) + "\n")
+            print(json.dumps({k: result[k] for k in ("hardware", "workload", "qps", "wall_s")} |
+                             {c["start"]: (round(c["tuned_over_best_static"] or 0, 3), c["convergence_s"],
+                                           round(c["wrong_start_loss"], 2)) for c in result["cells"]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
