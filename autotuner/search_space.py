@@ -25,6 +25,7 @@ class KnobRange:
     high: float
     log: bool = False
     step: int | None = None        # token_budget moves in multiples of a tile
+    off_below: float | None = None # values below this mean 0, the knob's "off" (ttft_pace under 1 plans lateness)
 
     def distribution(self) -> optuna.distributions.BaseDistribution:
         if KNOB_SPECS[self.name].kind is int:
@@ -35,6 +36,8 @@ class KnobRange:
         """Onto the tile grid, inside the range."""
         if self.step:
             value = max(self.step, round(value / self.step) * self.step)
+        if self.off_below is not None and value < self.off_below:
+            value = 0
         value = min(self.high, max(self.low, value))
         return round(value) if KNOB_SPECS[self.name].kind is int else float(value)
 
@@ -127,7 +130,7 @@ def load_search_space(path: str | Path = CONFIG, max_token_budget: int | None = 
         high = spec["high"]
         if name == "token_budget" and max_token_budget:
             high = min(high, max_token_budget)
-        knob = KnobRange(name, spec["low"], high, bool(spec.get("log", False)), spec.get("step"))
+        knob = KnobRange(name, spec["low"], high, bool(spec.get("log", False)), spec.get("step"), spec.get("off_below"))
         for bound in (knob.low, knob.high):
             KNOB_SPECS[name].check(name, bound)
         ranges.append(knob)

@@ -149,8 +149,8 @@ def test_controller_failure_leaves_serving_and_last_good_knobs(cost, tmp_path, c
     step_until_a_feasible_configuration(controller, sim, specs[-1].arrival_s)
     last_good = controller.last_good
     trial_budget = 64 if last_good.token_budget != 64 else 128
-    controller.study.enqueue_trial(controller.incumbent() | {"token_budget": trial_budget},
-                                   user_attrs={"source": "recheck"})   # a queued trial: no trust region
+    controller.picks = [controller.incumbent() | {"token_budget": trial_budget}]   # a warm-start pick: no trust region
+    controller._nothing_to_win = lambda incumbent: None                              # ... measured next
     controller._since_recheck = 0
     target.armed = True
     stop = threading.Event()
@@ -278,8 +278,8 @@ def test_no_move_that_spends_missing_slo_headroom(cost, tmp_path):
 
 def test_an_incumbent_serving_every_request_is_not_explored_away_from(cost, tmp_path):
     """Goodput cannot rise above the offered load: once the incumbent's windows serve (nearly) every
-    request within the SLO, the controller re-measures it instead of trying neighbours, while the
-    warm start's queued picks are still measured first and a shortfall reopens exploration."""
+    request within the SLO, the controller re-measures it instead of trying neighbours or the warm
+    start's other picks; a shortfall reopens exploration, the picks first."""
     _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
     space = load_search_space()
     incumbent = space.snap({"token_budget": 256, "prefill_priority": 0.5, "max_num_seqs": 64,
@@ -291,13 +291,13 @@ def test_an_incumbent_serving_every_request_is_not_explored_away_from(cost, tmp_
             params=incumbent, distributions=space.distributions(), value=attainment,
             constraints={"ttft_p50": -1.0, "tbt_p99": -0.1},
             user_attrs={"window": {"ttft_p50_s": 1.0, "tbt_p99_s": 0.15, "slo_attainment": attainment}}))
-        if queued:
-            controller.study.enqueue_trial(incumbent | {"token_budget": 512}, user_attrs={"source": "warm-start"})
+        controller.picks = [incumbent | {"token_budget": 512}] if queued else []
         return controller._next_action(incumbent)
 
     assert action_after(1.0) == "recheck"
     assert action_after(0.99) == "recheck"
-    assert action_after(1.0, queued=True) == "trial"
+    assert action_after(1.0, queued=True) == "recheck"     # the warm start's other picks wait too
+    assert action_after(0.9, queued=True) == "trial"
     assert action_after(0.9) == "trial"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -11,7 +12,8 @@ import yaml
 from autotuner.controller import RECENT_WINDOWS, SLO_HEADROOM, ControllerSettings
 from autotuner.search_space import CONFIG
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 
 
 def quoted_settings(text: str, names: set[str]) -> list[tuple[str, float]]:
@@ -37,3 +39,21 @@ def test_tuning_doc_quotes_the_settings_in_configs_tuning_yaml():
     assert not wrong, wrong
     assert set(yaml.safe_load(CONFIG.read_text())["controller"]) <= names
     assert f"latest {RECENT_WINDOWS} windows" in text and f"within {SLO_HEADROOM:.0%}" in text
+
+
+def test_the_zero_config_tables_are_rendered_from_their_results_file():
+    """docs/tuning.md's zero-config tables are benchmarks/render_zero_config.py's rendering of
+    docs/results/zero_config.jsonl: a number edited by hand, or a results file re-run without
+    re-rendering, fails here."""
+    render = load_module(ROOT / "benchmarks" / "render_zero_config.py")
+    rows = render.load()
+    assert rows and all(r["cells"] for r in rows)
+    assert render.block((DOCS / "tuning.md").read_text()) == render.render(rows)
+
+
+def load_module(path: Path):
+    """A benchmark script as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -55,13 +55,15 @@ def test_cold_start_budget_is_the_largest_chunk_within_the_tbt_slo():
 
 
 def test_simulated_controller_warm_starts_in_process(tmp_path):
-    """tune --simulate: the warm start's configurations are the regime's first trials."""
+    """tune --simulate: the warm start's best configuration is the regime's first trial."""
     cost = CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
     specs = generate(load_workload("chat"), qps=1.0, duration_s=240, seed=3)
     settings = ControllerSettings.load(policy="adaptive", min_requests=10, min_tbt_samples=200, max_window_s=30.0,
                                        warm_start_trials=4, warm_start_enqueue=2)
     controller, _, _ = tune_on_simulator(specs, cost, str(tmp_path), SLO(2.0, 0.25), settings)
-    assert [t.user_attrs.get("source") for t in controller.study.trials][:2] == ["warm-start", "warm-start"]
+    sources = [t.user_attrs.get("source") for t in controller.study.trials]
+    # the second window measures the next pick, or re-measures the first if it served every request
+    assert sources[0] == "warm-start" and sources[1] in ("warm-start", "recheck")
 
 
 def test_warm_start_search_finds_what_a_grid_search_finds(tmp_path):
@@ -89,7 +91,8 @@ def test_warm_start_search_finds_what_a_grid_search_finds(tmp_path):
         assert sim.now < 120, "no regime was entered while traffic lasted"
         controller.step()
     assert len(jobs) == 1 and len(enqueued) == 3
-    assert [t.user_attrs["source"] for t in controller.study.trials] == ["warm-start"] * 3   # the first one ran
+    assert [t.user_attrs["source"] for t in controller.study.trials] == ["warm-start"]   # the first one ran
+    assert len(controller.picks) == 2                                                   # the others wait
 
     job = jobs[0]
     specs = observed_workload(job.lengths, RATE_MARGIN * job.rate_rps, job.seed)     # what the search simulated

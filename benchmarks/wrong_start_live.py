@@ -1,0 +1,112 @@
+"""The zero-config claim on the REAL daemon: started from a configuration an operator might wrongly
+pick (benchmarks/zero_config.py's WRONG_STARTS), with the tuner on, at a fixed chat rate near
+capacity, how long until it meets the SLO again?
+
+Each start gets its own daemon (bundled SmolLM2, fresh state dir, same port, one after another) and
+the same seeded open-loop chat requests. Per start: the client's 30-s windows (by finish time),
+each met when its P50 TTFT and P99 TBT are within the SLO; `slo_met_again_s` is the end of the first
+window after which every window met it (None: the run ended on a missed window); goodput and SLO
+attainment over the run and after that point; the controller's own decisions.
+
+    python benchmarks/wrong_start_live.py --qps 0.8 --duration 480 --json docs/results/wrong_start_live.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from bench_common import MachineInfo, emit_summary
+from engine.outputs import RequestRecord
+from loadgen.bench_client import BenchOptions, make_prompts, run_bench
+from loadgen.prompts import PromptSource, load_prompt_tokenizer
+from loadgen.workload import generate, load_workload
+from telemetry.latency_summary import summarize_requests
+from telemetry.window import SLO
+from tuning_shift import controller_windows, from_start, start_daemon, stop_daemon
+from zero_config import WRONG_STARTS
+
+WINDOW_S = 30.0
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--qps", type=float, default=0.8, help="chat rate, near the daemon's capacity (default 0.8)")
+    p.add_argument("--duration", type=float, default=480.0, help="seconds of arrivals per start (default 480)")
+    p.add_argument("--starts", nargs="+", default=list(WRONG_STARTS), choices=list(WRONG_STARTS))
+    p.add_argument("--slo-ttft-s", type=float, default=2.0)
+    p.add_argument("--slo-tbt-s", type=float, default=0.25)
+    p.add_argument("--port", type=int, default=8132)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    return p.parse_args()
+
+
+def window_verdicts(records: list[RequestRecord], slo: SLO) -> list[bool]:
+    """Per WINDOW_S window by finish time from the run's start: P50 TTFT and P99 TBT within the SLO."""
+    bins: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        bins.setdefault(int(r.finished // WINDOW_S), []).append(r)
+    verdicts = []
+    for i in range(max(bins) + 1 if bins else 0):
+        group = bins.get(i, [])
+        ttft = [r.ttft_s for r in group if r.ttft_s is not None]
+        gaps = [g for r in group for g in r.tbt_s]
+        verdicts.append(not ((ttft and np.percentile(ttft, 50) > slo.ttft_s) or
+                             (gaps and np.percentile(gaps, 99) > slo.tbt_s)))
+    return verdicts
+
+
+def met_again_s(verdicts: list[bool]) -> float | None:
+    """The end of the first window after which every window met the SLO (0: all did)."""
+    if not verdicts or not verdicts[-1]:
+        return None
+    last_miss = max((i for i, ok in enumerate(verdicts) if not ok), default=-1)
+    return (last_miss + 1) * WINDOW_S
+
+
+def run_start(name: str, specs: list, prompts: list, slo: SLO, args: argparse.Namespace) -> dict:
+    policy, knobs = WRONG_STARTS[name]
+    workdir = tempfile.mkdtemp(prefix=f"wrong_start_{name}_")
+    state_dir = os.path.join(workdir, "state")
+    settings = {"port": args.port, "state_dir": state_dir, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
+                "tune": True, "policy": policy, "knobs": knobs}
+    proc = start_daemon(settings, workdir)
+    try:
+        options = BenchOptions(f"http://127.0.0.1:{args.port}", max_duration_s=specs[-1].arrival_s + 300,
+                               progress=False)
+        run = run_bench(specs, prompts, options, slo)
+    finally:
+        stop_daemon(proc)
+    records = [from_start(r.record(run.start + options.max_duration_s), run.start) for r in run.results]
+    verdicts = window_verdicts(records, slo)
+    recovered = met_again_s(verdicts)
+    after = [r for r in records if recovered is not None and r.arrival >= recovered]
+    summary_after = summarize_requests(after, slo, args.duration - recovered) if after else None
+    result = {"policy": policy, "knobs": knobs, "goodput_rps": run.summary.goodput_rps,
+              "slo_attainment": run.summary.slo_attainment, "failed": run.summary.num_failed,
+              "windows_met": verdicts, "slo_met_again_s": recovered,
+              "slo_attainment_after": summary_after.slo_attainment if summary_after else None,
+              "controller": controller_windows(state_dir), "workdir": workdir}
+    print(f"{name}: met again at {recovered} s; windows {''.join('+' if v else '-' for v in verdicts)}; "
+          f"attainment {run.summary.slo_attainment}", file=sys.stderr)
+    return result
+
+
+def main() -> None:
+    args = parse_args()
+    slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
+    specs = generate(load_workload("chat"), args.qps, duration_s=args.duration, seed=args.seed)
+    prompts = make_prompts(specs, PromptSource(load_prompt_tokenizer(None), args.seed), text=False)
+    results = {name: run_start(name, specs, prompts, slo, args) for name in args.starts}
+    emit_summary({"machine": MachineInfo.collect().as_dict(), "command": " ".join(["python", *sys.argv]),
+                  "workload": "chat", "qps": args.qps, "duration_s": args.duration, "num_requests": len(specs),
+                  "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s}, "results": results}, args.json)
+
+
+if __name__ == "__main__":
+    main()
