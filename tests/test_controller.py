@@ -308,3 +308,26 @@ def test_the_longest_window_counts_with_few_requests(cost, tmp_path):
     s = controller.settings
     assert controller._least_finished(s.max_window_s / 2) == s.min_requests // 2
     assert controller._least_finished(s.max_window_s) == 5
+
+
+def test_too_few_requests_a_window_to_tell_configurations_apart_holds_the_incumbent(cost, tmp_path):
+    """Windows that run to max_window_s with fewer than half of min_requests finished (the CPU's
+    summarization, ~9 a window) move by more on noise than configurations differ: the incumbent is
+    re-measured, not explored away from; the warm start's picks are still measured first."""
+    _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
+    space = load_search_space()
+    incumbent = space.snap({"token_budget": 256})
+    half = controller.settings.min_requests // 2
+
+    def action_after(finished: int, queued: bool = False) -> str:
+        controller.study = optuna.create_study(direction="maximize")
+        controller.study.add_trial(create_trial(
+            params=incumbent, distributions=space.distributions(), value=0.8,
+            constraints={"ttft_p50": -1.0, "tbt_p99": -0.1},
+            user_attrs={"window": {"slo_attainment": 0.8, "num_finished": finished}}))
+        controller.picks = [incumbent | {"token_budget": 512}] if queued else []
+        return controller._next_action(incumbent)
+
+    assert action_after(half - 1) == "recheck"
+    assert action_after(half - 1, queued=True) == "trial"
+    assert action_after(half) == "trial"
