@@ -1,5 +1,5 @@
-"""Render the zero-config matrix (benchmarks/zero_config.py's JSON lines) as the markdown tables in
-docs/tuning.md, between its `<!-- zero_config:begin -->` and `<!-- zero_config:end -->` markers.
+"""Render the zero-config matrix (benchmarks/zero_config.py's JSON lines) and the live wrong starts
+(benchmarks/wrong_start_live.py's JSON) as the markdown tables in docs/tuning.md, between its `<!-- zero_config:begin -->` and `<!-- zero_config:end -->` markers.
 tests/test_docs.py fails when the doc's tables and the results file disagree.
 
     python benchmarks/render_zero_config.py              # rewrite the block in docs/tuning.md
@@ -16,6 +16,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "zero_config.jsonl"
+LIVE = ROOT / "docs" / "results" / "wrong_start_live.json"     # benchmarks/wrong_start_live.py
 DOC = ROOT / "docs" / "tuning.md"
 BEGIN, END = "<!-- zero_config:begin -->", "<!-- zero_config:end -->"
 # the issue's bars: tuned >= 0.97x best static after convergence, converged within 5 minutes, <= 2%
@@ -27,19 +28,23 @@ def load(path: Path = RESULTS) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def meets(cell: dict[str, Any]) -> bool:
+def meets(cell: dict[str, Any], strict: bool = True) -> bool:
+    """The three bars; `strict`: at most VIOLATING_MAX of windows violating, else at most that
+    many more than the best static configuration violates over the same windows."""
     after, converged, violating = (cell["after_convergence_over_best_static"], cell["convergence_s"],
                                    cell["violating_after_convergence"])
-    return (converged is not None and converged <= CONVERGE_MAX_S and after is not None and after >= AFTER_MIN
-            and violating <= VIOLATING_MAX)
+    if converged is None or converged > CONVERGE_MAX_S or after is None or after < AFTER_MIN:
+        return False
+    return violating <= VIOLATING_MAX + (0 if strict else cell["best_static_violating_after_convergence"])
 
 
 def cell_text(cell: dict[str, Any]) -> str:
     if cell["convergence_s"] is None:
         return f"{cell['tuned_over_best_static']:.3f} / never"
-    mark = "" if meets(cell) else " ✗"
+    mark = "" if meets(cell) else " (†)" if meets(cell, strict=False) else " ✗"
     return (f"{cell['after_convergence_over_best_static']:.3f} / {cell['convergence_s']:.0f} s / "
-            f"{cell['violating_after_convergence']:.0%}{mark}")
+            f"{cell['violating_after_convergence']:.0%} ({cell['best_static_violating_after_convergence']:.0%})"
+            f"{mark}")
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -66,9 +71,11 @@ def summary(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         by_hw.setdefault(r["hardware"], []).append(r)
     losing = {hw: max(c["wrong_start_loss"] for r in rs for c in r["cells"]) for hw, rs in by_hw.items()}
+    relative = sum(meets(c, strict=False) and not meets(c) for c in cells)
     return (f"{sum(map(meets, cells))} of {len(cells)} cells meet all three bars (>= {AFTER_MIN}x after "
-            f"convergence, within {CONVERGE_MAX_S:.0f} s, <= {VIOLATING_MAX:.0%} of windows violating after it); "
-            "largest loss of a wrong start left alone per hardware: "
+            f"convergence, within {CONVERGE_MAX_S:.0f} s, <= {VIOLATING_MAX:.0%} of windows violating after it), "
+            f"{relative} more (†) where the best static configuration itself violates more windows and tuned "
+            f"violates at most {VIOLATING_MAX:.0%} more than it; largest loss of a wrong start left alone per hardware: "
             + ", ".join(f"{hw} {loss:.2f}x" for hw, loss in losing.items()) + ".")
 
 
@@ -78,6 +85,28 @@ def _loss(value: float) -> str:
 
 def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
+
+
+def render_live(live: dict[str, Any]) -> str:
+    """The live daemon started from each wrong configuration, the tuner on."""
+    head = ["start", "30-s windows meeting the SLO", "SLO met for good from", "SLO attainment", "goodput (req/s)",
+            "tuner's windows (violating)", "first tuned window ends at"]
+    lines = [f"Live, {live['machine']['cpu_model']} ({live['machine']['nproc']} cores), bundled SmolLM2, chat at "
+             f"{live['qps']} req/s for {live['duration_s']:.0f} s ({live['num_requests']} requests), "
+             f"SLO {live['slo']['ttft_s']} s / {live['slo']['tbt_s']} s, tuner on:", "", _row(head),
+             _row(["---"] * len(head))]
+    for name, r in live["results"].items():
+        c = r["controller"]
+        first = f"{c['knobs'][0][0]:.0f} s" if c["knobs"] else "none"
+        met = "never" if r["slo_met_again_s"] is None else f"{r['slo_met_again_s']:.0f} s"
+        lines.append(_row([name, f"{sum(r['windows_met'])} of {len(r['windows_met'])}", met,
+                           f"{r['slo_attainment']:.1%}", f"{r['goodput_rps']:.3f}",
+                           f"{c['windows']} ({c['violating']})", first]))
+    return "\n".join(lines)
+
+
+def render_all() -> str:
+    return render(load()) + "\n\n" + render_live(json.loads(LIVE.read_text()))
 
 
 def block(text: str) -> str:
@@ -92,7 +121,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--print", action="store_true", help="print the tables instead of rewriting docs/tuning.md")
     args = p.parse_args()
-    tables = render(load())
+    tables = render_all()
     if args.print:
         print(tables)
         return

@@ -331,3 +331,24 @@ def test_too_few_requests_a_window_to_tell_configurations_apart_holds_the_incumb
     assert action_after(half - 1) == "recheck"
     assert action_after(half - 1, queued=True) == "trial"
     assert action_after(half) == "trial"
+
+
+def test_a_study_stored_before_ttft_pace_joined_the_space_carries_over(cost, tmp_path):
+    """Trials stored without ttft_pace (and the other deadline knobs added since): their
+    configurations take those knobs' defaults, the incumbent is one of them, and the next live
+    trial is asked and kept inside its trust region (no KeyError on the missing knobs)."""
+    _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
+    space = load_search_space()
+    old = {"token_budget": 256, "prefill_priority": 0.5, "max_num_seqs": 64, "kv_admission_watermark": 0.05,
+           "step_headroom": 0.9, "error_budget": 0.5}
+    old_dists = {k: v for k, v in space.distributions().items() if k in old}
+    controller.study = optuna.create_study(direction="maximize")
+    controller.study.add_trial(create_trial(params=old, distributions=old_dists, value=0.9,
+                                            constraints={"ttft_p50": -1.0, "tbt_p99": -0.1},
+                                            user_attrs={"window": {"slo_attainment": 0.9, "num_finished": 40}}))
+    incumbent = controller.incumbent()
+    assert incumbent["ttft_pace"] == Knobs().ttft_pace and incumbent["token_budget"] == 256
+    trial, params = controller._ask(incumbent, recheck=False)
+    assert set(params) == {r.name for r in space.ranges}
+    assert space.within(params, incumbent, controller.settings.trust_radius + 1e-9)
+    controller.study.tell(trial, state=TrialState.FAIL)
