@@ -91,18 +91,25 @@ def per_phase_best_goodput(grid: list[RunResult], duration_s: float) -> float:
 
 def violating_fraction(records: list[RequestRecord], slo: SLO, window_s: float = REPORT_WINDOW_S) -> float:
     """Share of fixed windows (by finish time) whose P50 TTFT or P99 TBT missed the SLO."""
-    if not records:
-        return 0.0
-    end = max(r.finished for r in records)
+    verdicts = window_verdicts(records, slo, window_s)
+    return verdicts.count(False) / len(verdicts) if verdicts else 0.0
+
+
+def window_verdicts(records: list[RequestRecord], slo: SLO, window_s: float = REPORT_WINDOW_S,
+                    start_s: float = 0.0) -> list[bool]:
+    """Per fixed window by finish time from `start_s` to the last finish: whether its P50 TTFT and
+    P99 TBT met the SLO (a window where nothing finished met it)."""
     bins: dict[int, list[RequestRecord]] = {}
     for r in records:
-        bins.setdefault(int(r.finished // window_s), []).append(r)
-    bad = 0
-    for group in bins.values():
-        ttft = [r.ttft_s for r in group if r.ttft_s is not None]
-        gaps = [g for r in group for g in r.tbt_s]
-        bad += bool((ttft and np.percentile(ttft, 50) > slo.ttft_s) or (gaps and np.percentile(gaps, 99) > slo.tbt_s))
-    return bad / max(1, int(end // window_s) + 1)
+        if r.finished >= start_s:
+            bins.setdefault(int((r.finished - start_s) // window_s), []).append(r)
+    verdicts = []
+    for i in range(max(bins) + 1 if bins else 0):
+        ttft = [r.ttft_s for r in bins.get(i, []) if r.ttft_s is not None]
+        gaps = [g for r in bins.get(i, []) for g in r.tbt_s]
+        verdicts.append(not ((ttft and np.percentile(ttft, 50) > slo.ttft_s) or
+                             (gaps and np.percentile(gaps, 99) > slo.tbt_s)))
+    return verdicts
 
 
 def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,

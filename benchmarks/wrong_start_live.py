@@ -18,10 +18,8 @@ import os
 import sys
 import tempfile
 
-import numpy as np
-
 from bench_common import MachineInfo, emit_summary
-from engine.outputs import RequestRecord
+from autotuner.simulated_tuning import window_verdicts
 from loadgen.bench_client import BenchOptions, make_prompts, run_bench
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from loadgen.workload import generate, load_workload
@@ -46,21 +44,6 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def window_verdicts(records: list[RequestRecord], slo: SLO) -> list[bool]:
-    """Per WINDOW_S window by finish time from the run's start: P50 TTFT and P99 TBT within the SLO."""
-    bins: dict[int, list[RequestRecord]] = {}
-    for r in records:
-        bins.setdefault(int(r.finished // WINDOW_S), []).append(r)
-    verdicts = []
-    for i in range(max(bins) + 1 if bins else 0):
-        group = bins.get(i, [])
-        ttft = [r.ttft_s for r in group if r.ttft_s is not None]
-        gaps = [g for r in group for g in r.tbt_s]
-        verdicts.append(not ((ttft and np.percentile(ttft, 50) > slo.ttft_s) or
-                             (gaps and np.percentile(gaps, 99) > slo.tbt_s)))
-    return verdicts
-
-
 def met_again_s(verdicts: list[bool]) -> float | None:
     """The end of the first window after which every window met the SLO (0: all did)."""
     if not verdicts or not verdicts[-1]:
@@ -83,7 +66,7 @@ def run_start(name: str, specs: list, prompts: list, slo: SLO, args: argparse.Na
     finally:
         stop_daemon(proc)
     records = [from_start(r.record(run.start + options.max_duration_s), run.start) for r in run.results]
-    verdicts = window_verdicts(records, slo)
+    verdicts = window_verdicts(records, slo, WINDOW_S)
     recovered = met_again_s(verdicts)
     after = [r for r in records if recovered is not None and r.arrival >= recovered]
     summary_after = summarize_requests(after, slo, args.duration - recovered) if after else None

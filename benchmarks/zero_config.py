@@ -40,7 +40,8 @@ import numpy as np
 
 from autotuner.controller import ControllerSettings
 from autotuner.search_space import load_search_space
-from autotuner.simulated_tuning import REPORT_WINDOW_S, best_of, evaluate_static, static_grid, tune_on_simulator
+from autotuner.simulated_tuning import (REPORT_WINDOW_S, best_of, evaluate_static, static_grid, tune_on_simulator,
+                                        window_verdicts)
 from bench_common import cpu_model
 from engine.outputs import RequestRecord
 from loadgen.workload import RequestSpec, generate, load_workload
@@ -120,20 +121,10 @@ def convergence_bin(tuned: np.ndarray, static: np.ndarray, bin_s: float, window_
     return next((first for first in starts if all(ok[first:])), None)
 
 
-def violating_after(records: list[RequestRecord], slo: SLO, start_s: float, window_s: float) -> float:
-    """Share of `window_s` windows (by finish time) from `start_s` whose P50 TTFT or P99 TBT missed."""
-    done = [r for r in records if r.finished >= start_s]
-    if not done:
-        return 0.0
-    bins: dict[int, list[RequestRecord]] = {}
-    for r in done:
-        bins.setdefault(int((r.finished - start_s) // window_s), []).append(r)
-    bad = 0
-    for group in bins.values():
-        ttft = [r.ttft_s for r in group if r.ttft_s is not None]
-        gaps = [g for r in group for g in r.tbt_s]
-        bad += bool((ttft and np.percentile(ttft, 50) > slo.ttft_s) or (gaps and np.percentile(gaps, 99) > slo.tbt_s))
-    return bad / (max(bins) + 1)
+def violating_fraction_after(records: list[RequestRecord], slo: SLO, start_s: float) -> float:
+    """Share of 30-s windows (by finish time) from `start_s` whose P50 TTFT or P99 TBT missed."""
+    verdicts = window_verdicts(records, slo, REPORT_WINDOW_S, start_s)
+    return verdicts.count(False) / len(verdicts) if verdicts else 0.0
 
 
 def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SLO, start: Start,
@@ -161,9 +152,9 @@ def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SLO, start: Sta
         t = first * REPORT_WINDOW_S
         cell |= {"convergence_s": t, "after_convergence_over_best_static": good[first:].sum() / static_good[first:].sum()
                  if static_good[first:].sum() else None,
-                 "violating_after_convergence": violating_after(records, slo, t, REPORT_WINDOW_S),
+                 "violating_after_convergence": violating_fraction_after(records, slo, t),
                  # what the best static configuration itself violates over the same windows
-                 "best_static_violating_after_convergence": violating_after(static_records, slo, t, REPORT_WINDOW_S)}
+                 "best_static_violating_after_convergence": violating_fraction_after(static_records, slo, t)}
     return cell
 
 
