@@ -109,9 +109,12 @@ def render_all() -> str:
     return render(load()) + "\n\n" + render_live(json.loads(LIVE.read_text()))
 
 
+BLOCK = re.compile(re.escape(BEGIN) + r"\n(.*?)\n?" + re.escape(END), re.S)
+
+
 def block(text: str) -> str:
     """The rendered block of a doc (between the markers)."""
-    match = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), text, re.S)
+    match = BLOCK.search(text)
     if match is None:
         raise ValueError(f"{DOC}: no {BEGIN} ... {END} block")
     return match.group(1)
@@ -126,7 +129,8 @@ def main() -> None:
         print(tables)
         return
     text = DOC.read_text()
-    DOC.write_text(text.replace(block(text), tables))
+    block(text)                                   # the markers are there
+    DOC.write_text(BLOCK.sub(lambda _: f"{BEGIN}\n{tables}\n{END}", text, count=1))
 
 
 if __name__ == "__main__":
