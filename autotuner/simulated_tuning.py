@@ -89,9 +89,10 @@ def per_phase_best_goodput(grid: list[RunResult], duration_s: float) -> float:
     return sum(max(r.good_by_phase.get(phase, 0) for r in grid) for phase in phases) / duration_s
 
 
-def violating_fraction(records: list[RequestRecord], slo: SLO, window_s: float = REPORT_WINDOW_S) -> float:
-    """Share of fixed windows (by finish time) whose P50 TTFT or P99 TBT missed the SLO."""
-    verdicts = window_verdicts(records, slo, window_s)
+def violating_fraction(records: list[RequestRecord], slo: SLO, window_s: float = REPORT_WINDOW_S,
+                       start_s: float = 0.0) -> float:
+    """Share of fixed windows (by finish time, from `start_s`) whose P50 TTFT or P99 TBT missed the SLO."""
+    verdicts = window_verdicts(records, slo, window_s, start_s)
     return verdicts.count(False) / len(verdicts) if verdicts else 0.0
 
 

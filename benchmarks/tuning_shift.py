@@ -30,7 +30,7 @@ import httpx
 import yaml
 
 from bench_common import MachineInfo, emit_summary
-from loadgen.bench_client import BenchOptions, make_prompts, run_bench
+from loadgen.bench_client import BenchOptions, BenchRun, make_prompts, run_bench
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from autotuner.search_space import load_search_space
 from autotuner.simulated_tuning import VLLM_DEFAULTS, best_static, violating_fraction
@@ -119,18 +119,26 @@ def controller_windows(state_dir: str) -> dict:
                        round(d["knobs"]["prefill_priority"], 2), d["violated"]) for d in measured]}
 
 
-def run_one(name: str, specs: list[RequestSpec], prompts: list, static: dict, slo: SLO,
-            args: argparse.Namespace) -> dict:
-    workdir = tempfile.mkdtemp(prefix=f"tuning_shift_{name}_")
-    state_dir = os.path.join(workdir, "state")
-    proc = start_daemon(daemon_settings(name, static, slo, args, state_dir), workdir)
+def bench_daemon(settings: dict, workdir: str, specs: list[RequestSpec], prompts: list, slo: SLO,
+                 drain_s: float) -> tuple[BenchRun, list[RequestRecord]]:
+    """A fresh daemon with `settings`, the requests sent open loop (unfinished `drain_s` after the
+    last arrival: failed), the daemon stopped; the client's records timed from the run's start."""
+    proc = start_daemon(settings, workdir)
     try:
-        options = BenchOptions(f"http://127.0.0.1:{args.port}", max_duration_s=specs[-1].arrival_s + 600,
+        options = BenchOptions(f"http://127.0.0.1:{settings['port']}", max_duration_s=specs[-1].arrival_s + drain_s,
                                progress=False)
         run = run_bench(specs, prompts, options, slo)
     finally:
         stop_daemon(proc)
-    records = [from_start(r.record(run.start + options.max_duration_s), run.start) for r in run.results]
+    return run, [from_start(r.record(run.start + options.max_duration_s), run.start) for r in run.results]
+
+
+def run_one(name: str, specs: list[RequestSpec], prompts: list, static: dict, slo: SLO,
+            args: argparse.Namespace) -> dict:
+    workdir = tempfile.mkdtemp(prefix=f"tuning_shift_{name}_")
+    state_dir = os.path.join(workdir, "state")
+    run, records = bench_daemon(daemon_settings(name, static, slo, args, state_dir), workdir, specs, prompts, slo,
+                                drain_s=600)
     good_by_phase = Counter(r.spec.phase for r, record in zip(run.results, records) if slo.met_by(record))
     result = {"goodput_rps": run.summary.goodput_rps, "slo_attainment": run.summary.slo_attainment,
               "violating_window_fraction": violating_fraction(records, slo),

@@ -20,12 +20,12 @@ import tempfile
 
 from bench_common import MachineInfo, emit_summary
 from autotuner.simulated_tuning import window_verdicts
-from loadgen.bench_client import BenchOptions, make_prompts, run_bench
+from loadgen.bench_client import make_prompts
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from loadgen.workload import generate, load_workload
 from telemetry.latency_summary import summarize_requests
 from telemetry.window import SLO
-from tuning_shift import controller_windows, from_start, start_daemon, stop_daemon
+from tuning_shift import bench_daemon, controller_windows
 from zero_config import WRONG_STARTS
 
 WINDOW_S = 30.0
@@ -58,14 +58,7 @@ def run_start(name: str, specs: list, prompts: list, slo: SLO, args: argparse.Na
     state_dir = os.path.join(workdir, "state")
     settings = {"port": args.port, "state_dir": state_dir, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
                 "tune": True, "policy": policy, "knobs": knobs}
-    proc = start_daemon(settings, workdir)
-    try:
-        options = BenchOptions(f"http://127.0.0.1:{args.port}", max_duration_s=specs[-1].arrival_s + 300,
-                               progress=False)
-        run = run_bench(specs, prompts, options, slo)
-    finally:
-        stop_daemon(proc)
-    records = [from_start(r.record(run.start + options.max_duration_s), run.start) for r in run.results]
+    run, records = bench_daemon(settings, workdir, specs, prompts, slo, drain_s=300)
     verdicts = window_verdicts(records, slo, WINDOW_S)
     recovered = met_again_s(verdicts)
     after = [r for r in records if recovered is not None and r.arrival >= recovered]

@@ -41,7 +41,7 @@ import numpy as np
 from autotuner.controller import ControllerSettings
 from autotuner.search_space import load_search_space
 from autotuner.simulated_tuning import (REPORT_WINDOW_S, best_of, evaluate_static, static_grid, tune_on_simulator,
-                                        window_verdicts)
+                                        violating_fraction)
 from bench_common import cpu_model
 from engine.outputs import RequestRecord
 from loadgen.workload import RequestSpec, generate, load_workload
@@ -50,6 +50,7 @@ from serving.settings import Settings
 from simulation.cost_model_files import resolve_cost_model
 from simulation.profile_cost_model import StepTimeModel
 from simulation.relative_load import simulated_capacity
+from simulation.workload_run import simulate
 from telemetry.latency_summary import summarize_requests
 from telemetry.window import SLO
 
@@ -121,14 +122,9 @@ def convergence_bin(tuned: np.ndarray, static: np.ndarray, bin_s: float, window_
     return next((first for first in starts if all(ok[first:])), None)
 
 
-def violating_fraction_after(records: list[RequestRecord], slo: SLO, start_s: float) -> float:
-    """Share of 30-s windows (by finish time) from `start_s` whose P50 TTFT or P99 TBT missed."""
-    verdicts = window_verdicts(records, slo, REPORT_WINDOW_S, start_s)
-    return verdicts.count(False) / len(verdicts) if verdicts else 0.0
-
-
 def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SLO, start: Start,
-             static_records: list[RequestRecord], static_goodput: float, window_s: float, seed: int) -> dict[str, Any]:
+             static_records: list[RequestRecord], static_good: np.ndarray, static_goodput: float, window_s: float,
+             seed: int) -> dict[str, Any]:
     """One start: tuned from it, and left alone."""
     with tempfile.TemporaryDirectory() as state:
         t0 = time.perf_counter()
@@ -139,7 +135,6 @@ def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SLO, start: Sta
     tuned = summarize_requests(records, slo, end - specs[0].arrival_s)
     alone = evaluate_static(specs, cost, start.policy, start.knobs, slo)
     good = good_by_arrival(specs, records, slo, REPORT_WINDOW_S)
-    static_good = good_by_arrival(specs, static_records, slo, REPORT_WINDOW_S)
     first = convergence_bin(good, static_good, REPORT_WINDOW_S, window_s)
     cell = {"start": start.name, "tuned_goodput_rps": tuned.goodput_rps, "tuned_over_best_static":
             tuned.goodput_rps / static_goodput if static_goodput else None,
@@ -152,9 +147,9 @@ def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SLO, start: Sta
         t = first * REPORT_WINDOW_S
         cell |= {"convergence_s": t, "after_convergence_over_best_static": good[first:].sum() / static_good[first:].sum()
                  if static_good[first:].sum() else None,
-                 "violating_after_convergence": violating_fraction_after(records, slo, t),
+                 "violating_after_convergence": violating_fraction(records, slo, REPORT_WINDOW_S, t),
                  # what the best static configuration itself violates over the same windows
-                 "best_static_violating_after_convergence": violating_fraction_after(static_records, slo, t)}
+                 "best_static_violating_after_convergence": violating_fraction(static_records, slo, REPORT_WINDOW_S, t)}
     return cell
 
 
@@ -171,21 +166,15 @@ def run_pair(hardware: str, workload: str, args: argparse.Namespace) -> dict[str
     specs = generate(wl, qps=qps, duration_s=duration, seed=args.seed)
     grid = static_grid(specs, cost, load_search_space(max_token_budget=None), "deadline", slo)
     best_params, best = best_of(grid)
-    static_records = simulate_records(specs, cost, best_params, slo)
-    cells = [run_cell(specs, cost, slo, s, static_records, best.goodput_rps, rate_window_s(qps), args.seed)
-             for s in starts()]
+    static_records = simulate(specs, cost, "deadline", Knobs().replace(**best_params), slo).records
+    static_good = good_by_arrival(specs, static_records, slo, REPORT_WINDOW_S)
+    cells = [run_cell(specs, cost, slo, s, static_records, static_good, best.goodput_rps, rate_window_s(qps),
+                      args.seed) for s in starts()]
     return {"hardware": hardware, "workload": workload, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
             "capacity_qps": capacity, "load": args.load, "qps": qps, "num_requests": len(specs),
             "duration_s": duration, "rate_window_s": rate_window_s(qps), "best_static_knobs": best_params,
             "best_static_goodput_rps": best.goodput_rps, "best_static_slo_attainment": best.slo_attainment,
             "cells": cells}
-
-
-def simulate_records(specs: list[RequestSpec], cost: StepTimeModel, params: dict[str, Any], slo: SLO
-                     ) -> list[RequestRecord]:
-    from simulation.workload_run import simulate
-
-    return simulate(specs, cost, "deadline", Knobs().replace(**params), slo).records
 
 
 def provenance() -> dict[str, str]:
