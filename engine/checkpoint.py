@@ -8,6 +8,7 @@ stored (Checkpoint.quantized, engine/quantized_linear.py) instead of being dequa
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -156,6 +157,8 @@ def read_hf_directory(path: str) -> Checkpoint:
         state: dict[str, torch.Tensor] = {}
         for name in files:
             state.update(load_file(os.path.join(path, name)))
+        if "lm_head.weight" not in state:   # a checkpoint without a head ties it, whatever config.json says
+            config = dataclasses.replace(config, tie_word_embeddings=True)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"cannot read Hugging Face model directory {path}: {e}") from e
     return Checkpoint(config, state, "hf", path)
@@ -297,7 +300,9 @@ def fuse_projections(state: dict[str, torch.Tensor], config: ModelConfig) -> dic
     """Hugging Face names -> engine.model names (q/k/v and gate/up concatenated). Weights kept quantized
     (absent from `state`) are left out: fuse_quantized maps those."""
     fused = {k: v for k, v in state.items() if not k.startswith("model.layers.")}
-    if (config.tie_word_embeddings or "lm_head.weight" not in fused) and "model.embed_tokens.weight" in fused:
+    # the config says whether the head is tied (the readers set it from the file): an untied head missing
+    # here is kept quantized, and fuse_quantized maps it
+    if config.tie_word_embeddings and "model.embed_tokens.weight" in fused:
         fused["lm_head.weight"] = fused["model.embed_tokens.weight"]
     for i in range(config.num_layers):
         p = f"model.layers.{i}."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,6 +160,13 @@ def interleaved_once(kernels: QuantKernels, tensor: QuantizedTensor, done: dict[
     return done[id(tensor)]
 
 
+def log_kernel_layouts(kernels: QuantKernels, parts: list[QuantizedTensor]) -> None:
+    """One line: which types run on which kernels (interleaved rows with which instructions, or GGUF's layout)."""
+    isa = "AVX-512 VNNI" if kernels.avx512 else "AVX2" if kernels.avx2 else "portable C"
+    layouts = Counter((p.type_name, f"interleaved x16, {isa}" if p.interleaved else "GGUF layout") for p in parts)
+    log.info("quantized linear layers: %s", ", ".join(f"{t} x{n} on {how}" for (t, how), n in sorted(layouts.items())))
+
+
 def merge_same_type(parts: list[QuantizedTensor]) -> list[QuantizedTensor]:
     """Neighbouring parts of one type and layout as one tensor: their rows simply follow each other, and
     a step then quantizes its activations once and calls the kernel once for a fused q/k/v or gate/up."""
@@ -179,8 +187,13 @@ def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: di
     path = QuantizedPath(load_kernels())
     linears: dict[str, QuantizedLinear] = {}
     interleaved: dict[int, QuantizedTensor] = {}   # a tied LM head and the embeddings share one tensor
-    for name, parts in fuse_quantized(checkpoint.quantized, checkpoint.config).items():
-        if path.kernels.avx2:   # rows interleaved in groups of 16, faster at every row count (engine/csrc/qlinear_x16.c)
+    fused = fuse_quantized(checkpoint.quantized, checkpoint.config)
+    # the embeddings last: they take the head's interleaved rows where tied, else stay in GGUF's layout (a
+    # lookup dequantizes a few rows either way, and interleaving widens Q5_0/Q5_K/Q6_K)
+    for name, parts in sorted(fused.items(), key=lambda item: item[0] == "model.embed_tokens"):
+        if name == "model.embed_tokens":
+            parts = [interleaved.get(id(p), p) for p in parts]
+        elif path.kernels.avx2:   # rows interleaved in groups of 16, faster at every row count (engine/csrc/qlinear_x16.c)
             parts = [interleaved_once(path.kernels, p, interleaved) for p in parts]
         parts = merge_same_type(parts)
         parent, _, attr = name.rpartition(".")
@@ -190,6 +203,7 @@ def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: di
             module = QuantizedLinear(parts, state.pop(name + ".bias", None), path, dtype)
             linears[name] = module
         setattr(model.get_submodule(parent) if parent else model, attr, module)
+    log_kernel_layouts(path.kernels, [p for m in linears.values() for p in m.parts])
     if checkpoint.quantized_max_rows is not None:
         path.max_rows = checkpoint.quantized_max_rows
     elif linears:

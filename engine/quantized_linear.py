@@ -4,8 +4,9 @@ The kernels are engine/csrc/qlinear.c, in the library of engine/cpu_kernels.py. 
 streams every weight once: Q4_1's 0.625 bytes per weight instead of fp32's 4 is what makes it
 faster, so the kernels run steps of up to `max_rows` rows (16-bit dot products below PANEL_ROWS
 rows, fp32 tiles on panels dequantized into L1 from there). Where the CPU has AVX2 (and faster
-with AVX-512 VNNI), the loader interleaves Q4_0/Q4_1/Q8_0 rows in groups of 16 for
-engine/csrc/qlinear_x16.c, whose 16-bit products run at every row count (`QuantKernels.interleave`).
+with AVX-512 VNNI), the loader interleaves the rows of every type (Q4_0/Q4_1/Q5_0/Q8_0 and the
+K-quants Q4_K/Q5_K/Q6_K) in groups of 16 for engine/csrc/qlinear_x16.c, whose 16-bit products run at
+every row count (`QuantKernels.interleave`).
 A larger step may go faster on MKL's fp32 GEMM; those steps dequantize each weight (a chunk at a
 time, into a reused buffer) and call torch's matmul, so no dense copy of the model is kept.
 `measure_crossover` picks `max_rows` on the machine.
@@ -32,8 +33,11 @@ log = logging.getLogger(__name__)
 
 # GGML type id -> (name, elements per block, bytes per block): the types the kernels run
 QUANT_TYPES: dict[int, tuple[str, int, int]] = {
-    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
-INTERLEAVED_TYPES = (2, 3, 8)   # Q4_0, Q4_1, Q8_0: the types of engine/csrc/qlinear_x16.c
+    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
+# GGML type id -> bytes per row and block on interleaved rows (engine/csrc/qlinear_x16.c): GGUF's own for
+# Q4_0/Q4_1/Q8_0; Q4_K's 6-bit scales and mins take a byte each; Q5_0/Q5_K/Q6_K's quants are widened to int8
+INTERLEAVED_BLOCK_BYTES: dict[int, int] = {2: 18, 3: 20, 6: 34, 8: 34, 12: 148, 13: 276, 14: 274}
 INTERLEAVE_ROWS = 16
 SCRATCH_FLOATS = 1 << 22   # dense path: dequantize at most 16 MB of fp32 weights at a time
 PANEL_ROWS = 8             # the library's default: calls of this many rows or more take its fp32 panel path
@@ -88,7 +92,7 @@ class QuantizedTensor:
     @property
     def row_bytes(self) -> int:
         _, block, size = QUANT_TYPES[self.qtype]
-        return self.cols // block * size
+        return self.cols // block * (INTERLEAVED_BLOCK_BYTES[self.qtype] if self.interleaved else size)
 
     @property
     def nbytes(self) -> int:
@@ -97,7 +101,7 @@ class QuantizedTensor:
     @property
     def interleavable(self) -> bool:
         """The interleaved kernels (engine/csrc/qlinear_x16.c) have a layout for it (whole groups of 16 rows)."""
-        return not self.interleaved and self.qtype in INTERLEAVED_TYPES and self.rows % INTERLEAVE_ROWS == 0
+        return not self.interleaved and self.qtype in INTERLEAVED_BLOCK_BYTES and self.rows % INTERLEAVE_ROWS == 0
 
     def take_rows(self, index: torch.Tensor) -> QuantizedTensor:
         """Rows reordered (llama.cpp's q/k permutation undone): whole rows of blocks move."""
@@ -123,6 +127,8 @@ class QuantKernels:
         library.lib.qlin_x16_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
         library.lib.qlin_x16_dequantize.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, i64, ptr, i64]
         library.lib.qlin_x16_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
+        library.lib.qlin_x16_row_bytes.argtypes = [ctypes.c_int, i64]
+        library.lib.qlin_x16_row_bytes.restype = i64
         library.lib.qlin_set_panel_rows(PANEL_ROWS)
         self.library, self.lib = library, library.lib
         self._scratch = threading.local()
@@ -183,8 +189,8 @@ class QuantKernels:
         return out
 
     def interleave(self, w: QuantizedTensor) -> QuantizedTensor:
-        """w with its rows interleaved in groups of 16 for engine/csrc/qlinear_x16.c (same bytes, moved)."""
-        out = torch.empty_like(w.data)
+        """w with its rows interleaved in groups of 16 for engine/csrc/qlinear_x16.c (GGUF's bits, moved)."""
+        out = torch.empty(w.rows, w.cols // QUANT_TYPES[w.qtype][1] * INTERLEAVED_BLOCK_BYTES[w.qtype], dtype=torch.uint8)
         self._check(self.lib.qlin_x16_repack(w.qtype, w.data.data_ptr(), w.rows, w.cols, out.data_ptr()), w)
         return QuantizedTensor(w.qtype, w.rows, w.cols, out, w.name, interleaved=True)
 
@@ -301,7 +307,8 @@ class QuantizedEmbedding(nn.Module):
 
 @dataclass(frozen=True)
 class Crossover:
-    """Timings behind QuantizedPath.max_rows: per row count, quantized and dense seconds."""
+    """Timings behind QuantizedPath.max_rows: per row count, quantized and dense seconds (dense: at least the
+    time to dequantize the layer, where the kernel beat that; not measured further)."""
     max_rows: int
     quantized_s: dict[int, float]
     dense_s: dict[int, float]
@@ -319,19 +326,26 @@ def measure_crossover(linear: QuantizedLinear, candidates: tuple[int, ...] = CRO
     quantized_s: dict[int, float] = {}
     dense_s: dict[int, float] = {}
     best = 0
+    dequantize_s = best_time(lambda: linear.dense(torch.randn(1, linear.in_features)), repeats)
     for n in candidates:
         x = torch.randn(n, linear.in_features)
         quantized_s[n] = best_time(lambda: linear.quantized(x), repeats)
-        dense_s[n] = best_time(lambda: linear.dense(x), repeats)
+        # the dense path dequantizes the whole layer whatever n: a kernel faster than that wins unmeasured
+        # (dense_s then holds that floor), which spares seconds per count on a 1.5B model's layers
+        dense_s[n] = dequantize_s if quantized_s[n] < dequantize_s else best_time(lambda: linear.dense(x), repeats)
         if quantized_s[n] > dense_s[n]:
             break
         best = n
     return Crossover(best, quantized_s, dense_s)
 
 
-def best_time(fn, repeats: int) -> float:
-    """Fastest of `repeats` timed calls after an untimed one (a busy core shows less in the best)."""
+def best_time(fn, repeats: int, enough_s: float = 0.25) -> float:
+    """Fastest of up to `repeats` timed calls after an untimed one (a busy core shows less in the best); calls
+    that take longer than `enough_s` are timed once (a 1.5B model's layers at 2048 rows: seconds each)."""
+    t0 = time.perf_counter()
     fn()
+    if time.perf_counter() - t0 > enough_s:
+        repeats = 1
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.engine_loop import EngineLoop, QueueFullError
-from engine.errors import InvalidRequestError
+from engine.errors import EngineError, InvalidRequestError
 from engine.llm_engine import LLMEngine
 from serving.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
 from engine.outputs import RequestOutput
@@ -78,8 +78,9 @@ class ServerState:
             self.loop = loop
             self.ready.set()
         except Exception as e:
-            log.exception("the engine failed to load")
-            self.load_error = f"{type(e).__name__}: {e}"
+            # the one-line reason is what the daemon exits with (http_server.serve); the traceback is for debugging
+            log.debug("the engine failed to load", exc_info=True)
+            self.load_error = one_line_reason(e)
 
     def require_loop(self) -> EngineLoop:
         if self.draining:
@@ -88,6 +89,12 @@ class ServerState:
             message = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
             raise ApiError(503, message, "service_unavailable", code="not_ready", headers={"Retry-After": "5"})
         return self.loop
+
+
+def one_line_reason(e: Exception) -> str:
+    """An exception as one line: the engine's own errors speak for themselves, others name their type."""
+    text = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
+    return " ".join(text.split())
 
 
 def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState], None] | None = None) -> FastAPI:

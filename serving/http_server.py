@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from serving.api_server import ApiConfig, ServerState, build_app
+from engine.errors import ModelLoadError
 from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,23 @@ def serve(load_engine: Callable[[], LLMEngine], api: ApiConfig, host: str, port:
     state = ServerState(api, load_engine)
     app = make_app(state, grace_s, extra_routes)
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=int(grace_s), log_level="info")
-    DrainingServer(config).run()
+    DrainingServer(config, state).run()
+    if state.load_error:
+        raise ModelLoadError(f"cannot load model {api.served_model_name}: {state.load_error}")
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn re-raises SIGTERM after its graceful shutdown, so the process dies by the signal;
-    a daemon that drained cleanly should exit 0 instead. A second signal forces the exit."""
+    a daemon that drained cleanly should exit 0 instead. A second signal forces the exit. A model
+    that failed to load stops the server: it would never serve, and only a non-zero exit tells the
+    supervisor (systemd, Kubernetes) so, where /health answering 503 reads as still loading."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    async def on_tick(self, counter: int) -> bool:
+        return self.state.load_error is not None or await super().on_tick(counter)
 
     @contextlib.contextmanager
     def capture_signals(self):

@@ -54,3 +54,16 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_zero(tiny_hf, tmp_path
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_model_that_fails_to_load_exits_non_zero_with_a_one_line_reason(tmp_path):
+    """Not /health 503 for ever: a supervisor sees the exit, a person reads why on the last line."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file at all" * 100)
+    proc = subprocess.run([sys.executable, "-m", "serving.cli", "serve", "--model", str(broken), "--port",
+                           str(free_port()), "--state-dir", str(tmp_path), "--no-calibrate"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("autotuned-serve: error: cannot load model broken: cannot read GGUF file"), proc.stderr
+    assert "Traceback" not in proc.stderr

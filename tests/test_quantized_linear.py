@@ -30,8 +30,9 @@ from engine.quantized_linear import (PANEL_ROWS, QUANT_TYPES, QuantizedEmbedding
 
 KERNELS = load_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="engine/_cpu_kernels*.so not built (pip install -e .)")
-TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
-X16_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
+TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+X16_TYPES = TYPES
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 
 
 def use_isa(isa: str):
@@ -71,12 +72,12 @@ def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     def put_f16(offset: int, low: float, high: float) -> None:
         raw[:, :, offset:offset + 2] = rng.uniform(low, high, (rows, nb)).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
 
-    if qtype in (T.Q4_0, T.Q8_0):
+    if qtype in (T.Q4_0, T.Q5_0, T.Q8_0):
         put_f16(0, 1e-3, 2e-2)
     elif qtype == T.Q4_1:
         put_f16(0, 1e-3, 2e-2)
         put_f16(2, -0.15, 0.0)
-    elif qtype == T.Q4_K:
+    elif qtype in (T.Q4_K, T.Q5_K):
         put_f16(0, 1e-4, 1e-3)
         put_f16(2, 1e-4, 2e-3)
     elif qtype == T.Q6_K:
@@ -133,7 +134,7 @@ def test_dequantize_matches_gguf_reference(qtype, isa):
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 17])
 def test_matmul_matches_reference_on_random_tensors(qtype, n, isa, kernel_path):
     """40 rows (panels of three and a remainder of one); 1280 columns (panels of 512 and a remainder)."""
-    rows, cols = 40, 1280 if kernel_path == "panel" and qtype not in (T.Q4_K, T.Q6_K) else 512
+    rows, cols = 40, 1280 if kernel_path == "panel" and qtype not in K_QUANTS else 512
     x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
     x[:, 7] *= 30.0                                  # an outlier channel: coarsens its own block only
     check_matmul(qtype, random_blocks(qtype, rows, cols, seed=n), rows, cols, x, kernel_path)
@@ -142,8 +143,9 @@ def test_matmul_matches_reference_on_random_tensors(qtype, n, isa, kernel_path):
 @pytest.mark.parametrize("qtype", X16_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 3, 8, 9, 17])
 def test_interleaved_matmul_matches_reference(qtype, n, x16_isa):
-    """48 rows: three groups of 16; 9 and 17 rows: passes of 8 activation rows and a remainder."""
-    rows, cols = 48, 512
+    """48 rows: three groups of 16; 9 and 17 rows: passes of 8 activation rows and a remainder; 768
+    columns: three K-quant super-blocks (an odd count), 24 blocks of 32."""
+    rows, cols = 48, 768
     x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
     x[:, 7] *= 30.0
     check_matmul(qtype, random_blocks(qtype, rows, cols, seed=n), rows, cols, x, "int16", interleave=True)
@@ -151,10 +153,13 @@ def test_interleaved_matmul_matches_reference(qtype, n, x16_isa):
 
 @pytest.mark.parametrize("qtype", X16_TYPES, ids=lambda t: t.name)
 def test_interleaved_rows_dequantize_to_ggufs(qtype, x16_isa):
-    rows, cols = 64, 96
+    rows, cols = 64, 512 if qtype in K_QUANTS else 96
     w = QuantizedTensor.from_numpy(int(qtype), rows, cols, random_blocks(qtype, rows, cols))
     wi = KERNELS.interleave(w)
-    assert wi.interleaved and not wi.interleavable and wi.nbytes == w.nbytes
+    assert wi.interleaved and not wi.interleavable
+    assert wi.row_bytes == KERNELS.lib.qlin_x16_row_bytes(int(qtype), cols)
+    grown = {T.Q5_0: (34, 22), T.Q4_K: (148, 144), T.Q5_K: (276, 176), T.Q6_K: (274, 210)}.get(qtype, (1, 1))
+    assert wi.nbytes == w.nbytes * grown[0] // grown[1]          # scales unpacked, 5- and 6-bit quants widened
     ref = KERNELS.dequantize(w)
     torch.testing.assert_close(KERNELS.dequantize(wi), ref, rtol=0, atol=0)
     some = torch.empty(5, cols)
@@ -175,7 +180,7 @@ def test_interleaving_needs_whole_groups_and_keeps_rows_in_place():
     with pytest.raises(ValueError, match="interleaved"):
         w48.take_rows(torch.arange(48))
     q6 = QuantizedTensor.from_numpy(int(T.Q6_K), 48, 256, random_blocks(T.Q6_K, 48, 256))
-    assert not q6.interleavable                              # no interleaved kernel for the K-quants
+    assert q6.interleavable and not QuantizedTensor.from_numpy(int(T.Q6_K), 40, 256, random_blocks(T.Q6_K, 40, 256)).interleavable
 
 
 def test_matmul_spread_over_threads_matches_one_row_at_a_time(kernel_path):
@@ -224,7 +229,7 @@ def bundled_matrix(name: str, rows: int | None) -> tuple[T, np.ndarray, int, int
     return T(int(t.tensor_type)), np.asarray(t.data)[:rows], rows, cols
 
 
-@pytest.mark.parametrize("qtype,message", [(6, "Q5_0"), (99, "unknown GGML type id 99"), (0, "F32")])
+@pytest.mark.parametrize("qtype,message", [(7, "Q5_1"), (99, "unknown GGML type id 99"), (0, "F32")])
 def test_unsupported_type_is_a_clear_error(qtype, message):
     with pytest.raises(UnsupportedQuantization, match=message):
         QuantizedTensor(qtype, 4, 32, torch.zeros(4, 18, dtype=torch.uint8), "blk.0.ffn_up.weight")
@@ -239,7 +244,7 @@ def test_corrupt_block_data_is_a_clear_error():
 
 def test_library_rejects_a_type_it_has_no_kernel_for():
     """The C entry point checks the type itself (a QuantizedTensor cannot carry a bad one)."""
-    rc = KERNELS.lib.qlin_matmul(6, 0, 1, 32, 0, 1, 0, 1)
+    rc = KERNELS.lib.qlin_matmul(7, 0, 1, 32, 0, 1, 0, 1)
     assert rc == -1
     assert KERNELS.lib.qlin_dequantize(int(T.Q4_0), 0, 1, 48, None, 0, 48) == -2
 
@@ -307,12 +312,12 @@ def test_supported_types_match_gguf_sizes():
 
 MIXED_TYPES = {"token_embd.weight": T.Q8_0, "output.weight": T.Q8_0, "attn_q.weight": T.Q8_0,
                "attn_k.weight": T.Q8_0, "attn_v.weight": T.Q4_0, "attn_output.weight": T.Q4_1,
-               "ffn_gate.weight": T.Q8_0, "ffn_up.weight": T.Q8_0, "ffn_down.weight": T.Q5_0}
+               "ffn_gate.weight": T.Q8_0, "ffn_up.weight": T.Q8_0, "ffn_down.weight": T.Q5_1}
 
 
 @pytest.fixture(scope="module")
 def mixed_gguf(tiny_hf, tmp_path_factory):
-    """The tiny Llama as a GGUF of mixed types, one of which (Q5_0) has no kernel."""
+    """The tiny Llama as a GGUF of mixed types, one of which (Q5_1) has no kernel."""
     from tests.gguf_writer import write_gguf
     path = str(tmp_path_factory.mktemp("qgguf") / "tiny-mixed.gguf")
     write_gguf(tiny_hf[1], path, {k: int(t) for k, t in MIXED_TYPES.items()})
@@ -329,7 +334,7 @@ def test_loader_keeps_supported_types_and_dequantizes_the_rest(mixed_gguf):
     assert all(p.interleaved == KERNELS.avx2 for p in layer.self_attn.qkv_proj.parts)  # where AVX2 runs
     assert isinstance(layer.self_attn.o_proj, QuantizedLinear) and isinstance(model.lm_head, QuantizedLinear)
     assert isinstance(model.model.embed_tokens, QuantizedEmbedding)
-    assert type(layer.mlp.down_proj) is torch.nn.Linear                  # Q5_0: dequantized at load
+    assert type(layer.mlp.down_proj) is torch.nn.Linear                  # Q5_1: dequantized at load
 
 
 @pytest.mark.parametrize("max_rows", [64, 0], ids=["kernels", "dequantize+gemm"])

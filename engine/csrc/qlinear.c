@@ -1,6 +1,7 @@
 /* Linear layers on GGUF's quantized weights, kept in GGUF's own block layout.
  *
- * y[n, rows] = x[n, cols] @ W[rows, cols]^T with W in Q4_0, Q4_1, Q8_0, Q4_K or Q6_K. The activations
+ * y[n, rows] = x[n, cols] @ W[rows, cols]^T with W in Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K (Q5_0
+ * and Q5_K in portable code only: the loader interleaves them for qlinear_x16.c). The activations
  * are quantized per block of 32 (one fp32 scale per block, so an outlier only coarsens its own block)
  * to 16 bits, not llama.cpp's 8: on SmolLM2 8-bit activations moved the logits by up to 1.2 (of ~30)
  * and changed greedy tokens within a few steps, 16-bit ones by 0.01. It costs little: an AVX2 8-bit
@@ -28,14 +29,16 @@
 
 /* ---- types ------------------------------------------------------------------------------------ */
 
-int64_t block_elems(int type) { return (type == T_Q4_K || type == T_Q6_K) ? QKK : QK; }
+int64_t block_elems(int type) { return (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) ? QKK : QK; }
 
 int64_t block_bytes(int type) {
     switch (type) {
     case T_Q4_0: return sizeof(block_q4_0);
     case T_Q4_1: return sizeof(block_q4_1);
+    case T_Q5_0: return sizeof(block_q5_0);
     case T_Q8_0: return sizeof(block_q8_0);
     case T_Q4_K: return sizeof(block_q4_K);
+    case T_Q5_K: return sizeof(block_q5_K);
     case T_Q6_K: return sizeof(block_q6_K);
     default: return 0;
     }
@@ -43,16 +46,31 @@ int64_t block_bytes(int type) {
 
 int qlin_type_supported(int type) { return block_bytes(type) > 0; }
 
-/* Q4_K packs 8 six-bit scales and 8 six-bit mins in 12 bytes (llama.cpp's get_scale_min_k4) */
-static void q4k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    for (int j = 0; j < 8; j++) {
-        if (j < 4) {
-            sc[j] = q[j] & 63;
-            m[j] = q[j + 4] & 63;
-        } else {
-            sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-            m[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-        }
+/* GGUF block `blk`: element i's stored integer (Q6_K's still +32, Q8_0's signed) */
+int gguf_block_quant(int type, const uint8_t *blk, int i) {
+    const int l = i % 32, j = i / 32;  /* within a K-quant: sub-block j, element l */
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: {
+        const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
+        return i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
+    }
+    case T_Q5_0: {
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        const uint8_t *qs = blk + 6;
+        return (i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4) | ((qh >> i) & 1) << 4;
+    }
+    case T_Q8_0: return ((const int8_t *)blk)[2 + i];
+    case T_Q4_K: case T_Q5_K: {
+        const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16), *qh = blk + 16;
+        const int lo = j & 1 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 0xF;
+        return type == T_Q5_K ? lo | ((qh[l] >> j) & 1) << 4 : lo;
+    }
+    default: {  /* Q6_K: halves of 128, groups g of 32 */
+        const int h = i / 128, g = (i % 128) / 32;
+        const uint8_t ql = blk[64 * h + l + (g & 1) * 32], qh = blk[128 + 32 * h + l];
+        return ((g & 2) ? ql >> 4 : ql & 0xF) | ((qh >> (2 * g)) & 3) << 4;
+    }
     }
 }
 
@@ -87,6 +105,26 @@ static float dot_scalar(int type, const uint8_t *w, const block_a16 *a, int64_t 
             float d = half_to_float(*(const uint16_t *)blk);
             acc += d * a[b].d * (float)sum;
             acc += type == T_Q4_0 ? -8.f * d * a[b].s : half_to_float(((const block_q4_1 *)blk)->m) * a[b].s;
+        }
+    } else if (type == T_Q5_0) {  /* (q - 16) d */
+        for (int64_t b = 0; b < nb32; b++) {
+            const uint8_t *blk = w + b * sizeof(block_q5_0);
+            int sum = 0;
+            for (int i = 0; i < QK; i++) sum += gguf_block_quant(type, blk, i) * a[b].qs[i];
+            float d = half_to_float(*(const uint16_t *)blk);
+            acc += d * a[b].d * (float)sum - 16.f * d * a[b].s;
+        }
+    } else if (type == T_Q5_K) {  /* d sc q - dmin m per sub-block of 32 */
+        const block_q5_K *x = (const block_q5_K *)w;
+        for (int64_t s = 0; s < nb32 / 8; s++, a += 8) {
+            uint8_t sc[8], m[8];
+            q4k_scales(x[s].scales, sc, m);
+            float d = half_to_float(x[s].d), dmin = half_to_float(x[s].dmin);
+            for (int j = 0; j < 8; j++) {
+                int sum = 0;
+                for (int i = 0; i < QK; i++) sum += gguf_block_quant(type, (const uint8_t *)&x[s], 32 * j + i) * a[j].qs[i];
+                acc += d * sc[j] * a[j].d * (float)sum - dmin * m[j] * a[j].s;
+            }
         }
     } else if (type == T_Q8_0) {
         const block_q8_0 *x = (const block_q8_0 *)w;
@@ -144,6 +182,17 @@ static void dequantize_row_scalar(int type, const uint8_t *w, float *y, int64_t 
                 y[i + 16] = (qs[i] >> 4) * d + m;
             }
             y += QK;
+        } else if (type == T_Q5_0) {
+            float d = half_to_float(*(const uint16_t *)blk);
+            for (int i = 0; i < QK; i++) y[i] = (float)(gguf_block_quant(type, blk, i) - 16) * d;
+            y += QK;
+        } else if (type == T_Q5_K) {
+            const block_q5_K *x = (const block_q5_K *)blk;
+            uint8_t sc[8], m[8];
+            q4k_scales(x->scales, sc, m);
+            float d = half_to_float(x->d), dmin = half_to_float(x->dmin);
+            for (int i = 0; i < QKK; i++) y[i] = d * sc[i / 32] * (float)gguf_block_quant(type, blk, i) - dmin * m[i / 32];
+            y += QKK;
         } else if (type == T_Q8_0) {
             const block_q8_0 *x = (const block_q8_0 *)blk;
             float d = half_to_float(x->d);
@@ -473,16 +522,19 @@ void quantize_a16(const float *x, block_a16 *y, int64_t nb) {
     quantize_a16_scalar(x, y, nb);
 }
 
+/* Q5_0/Q5_K run on interleaved rows (qlinear_x16.c); in GGUF's layout only the portable code has them */
+static int has_avx2_rows(int type) { return type != T_Q5_0 && type != T_Q5_K; }
+
 static void dequantize_row(int type, const uint8_t *w, float *y, int64_t cols) {
 #ifdef QL_X86
-    if (use_avx2()) { dequantize_row_avx2(type, w, y, cols); return; }
+    if (use_avx2() && has_avx2_rows(type)) { dequantize_row_avx2(type, w, y, cols); return; }
 #endif
     dequantize_row_scalar(type, w, y, cols);
 }
 
 static void dot_rows(int type, const uint8_t *w, const block_a16 *a, int64_t nb32, int na, float *out) {
 #ifdef QL_X86
-    if (use_avx2()) { dot_avx2(type, w, a, nb32, na, out); return; }
+    if (use_avx2() && has_avx2_rows(type)) { dot_avx2(type, w, a, nb32, na, out); return; }
 #endif
     for (int j = 0; j < na; j++) out[j] = dot_scalar(type, w, a + j * nb32, nb32);
 }

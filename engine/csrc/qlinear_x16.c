@@ -1,18 +1,31 @@
-/* Linear layers on Q4_0, Q4_1 and Q8_0 weights interleaved in groups of 16 rows (the "x16" layout).
+/* Linear layers on GGUF weights interleaved in groups of 16 rows (the "x16" layout): Q4_0, Q4_1, Q5_0,
+ * Q8_0 and the K-quants Q4_K, Q5_K and Q6_K.
  *
  * In GGUF's layout a weight row's blocks lie one after the other, so a dot product runs along a row:
  * each block's 32 products are summed across vector lanes and scaled on their own, ~8 cycles a block
  * on a Zen 4 core, more than reading its 20 bytes takes. Here the lanes run across 16 rows instead:
  * one AVX-512 VNNI vpdpwssd multiplies a pair of activations (broadcast) by the same pair of columns
- * in 16 rows and accumulates 16 row sums, so a block of 32 columns is 16 such instructions per 16
- * rows, its scales are one vector load, and no lane is ever summed across. The bytes are GGUF's own
- * (the same count for every type), moved at load time by qlin_x16_repack:
+ * in 16 rows and accumulates 16 row sums, so 32 columns are 16 such instructions per 16 rows, their
+ * scales are one vector load, and no lane is ever summed across. qlin_x16_repack moves GGUF's bits at
+ * load time (nothing is dequantized): per group of 16 rows, per block of the type's columns (32, or 256
+ * for the K-quants; a "group block"), fields of 16 lanes, one per row:
  *
- *   per group of 16 rows, per block of 32 columns ("group block", 16 x the type's block bytes):
- *     uint16 d[16]                     fp16 scales, one per row
- *     uint16 m[16]                     Q4_1 only: fp16 offsets (Q4_0's offset is -8 d)
- *     Q4_0/Q4_1: uint8 q[16][16]       [pair p][row]: column 2p in the low nibble, 2p + 1 in the high
- *     Q8_0:      int8  q[16][16][2]    [pair p][row][column 2p, 2p + 1]
+ *     uint16 d[16]            fp16 scales (a K-quant's super-block scale)
+ *     uint16 m[16]            Q4_1: fp16 offsets; Q4_K/Q5_K: fp16 dmin (Q4_0's offset is -8 d)
+ *     uint8  sc[n][16]        K-quants: sub-block scales, unpacked from 6 bits (Q4_K/Q5_K, one per 32
+ *                             columns) or int8 (Q6_K, one per 16 columns)
+ *     uint8  mn[8][16]        Q4_K/Q5_K: sub-block mins, unpacked from 6 bits
+ *     4 bits (Q4_0, Q4_1, Q4_K):               uint8 q[pairs][16]     column 2p in the low nibble, 2p + 1 in the high one
+ *     8 bits (Q8_0; Q5_0, Q5_K, Q6_K widened): int8  q[pairs][16][2]
+ *
+ * So a weight is q * scale + offset: scale d (times the sub-block's sc for K-quants), offset -8 d for
+ * Q4_0, m for Q4_1, -dmin mn for Q4_K/Q5_K, none for the others. Q5_0's and Q6_K's quants are stored
+ * as int8 with their bias taken off (q - 16, q - 32), Q5_K's as they are (0..31): the same integers,
+ * widened from 5 and 6 bits at load because unpacking them costs more than the bytes saved. On a 2-core
+ * Zen 4 a batch-1 step on 5- and 6-bit interleaved quants took 3x the time of 4 or 8 bits: there a
+ * decode step is bound by the instructions that unpack the weights, not by memory. The bytes are GGUF's
+ * own count for 4 and 8 bits, except Q4_K's, whose 12 bytes of packed 6-bit scales per row take 16
+ * (+2.8%); Q5_0 grows by 55%, Q5_K by 57%, Q6_K by 30% (INTERLEAVED_BLOCK_BYTES in quantized_linear.py).
  *
  * Activations are quantized per block of 32 to 16 bits as in qlinear.c. Where the CPU lacks AVX-512
  * VNNI, AVX2 code computes the same sums with vpmaddwd on two halves of 8 rows, and portable scalar
@@ -29,93 +42,146 @@
 #define NA_X16 8  /* activation rows per pass over a group's weights */
 
 typedef struct {
-    int q4, q41;        /* 4-bit (Q4_0/Q4_1); with fp16 offsets (Q4_1) */
-    int64_t gbb, qoff;  /* bytes per group block; offset of its quants */
+    int type, be, bits;  /* columns per group block (32 or 256); bits per stored quant: 4 or 8 */
+    int bias;            /* taken off GGUF's integers at repacking: 16 for Q5_0, 32 for Q6_K */
+    int nsc, mins;       /* sub-scales per row and group block (0, 8 or 16); Q4_K/Q5_K's per-sub-block mins */
+    int has_m;           /* a second fp16 per row: Q4_1's offset, or a K-quant's dmin */
+    int64_t off_m, off_sc, off_mn, off_q, gbb;  /* field offsets; bytes per group block */
 } x16_format;
 
-int qlin_x16_supported(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
+int qlin_x16_supported(int type) {
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: case T_Q4_K: case T_Q5_K: case T_Q6_K: return 1;
+    default: return 0;
+    }
+}
 
 static x16_format format_of(int type) {
-    x16_format f = {type != T_Q8_0, type == T_Q4_1, G * block_bytes(type), 0};
-    f.qoff = f.q41 ? 4 * G : 2 * G;
+    x16_format f = {type, block_elems(type), 4, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    f.bits = (type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K) ? 4 : 8;
+    f.bias = type == T_Q5_0 ? 16 : type == T_Q6_K ? 32 : 0;
+    f.nsc = (type == T_Q4_K || type == T_Q5_K) ? 8 : type == T_Q6_K ? 16 : 0;
+    f.mins = type == T_Q4_K || type == T_Q5_K;
+    f.has_m = type == T_Q4_1 || f.mins;
+    f.off_m = 2 * G;
+    f.off_sc = f.off_m + (f.has_m ? 2 * G : 0);
+    f.off_mn = f.off_sc + f.nsc * G;
+    f.off_q = f.off_mn + (f.mins ? 8 * G : 0);
+    f.gbb = f.off_q + (int64_t)f.be * G * f.bits / 8;
     return f;
+}
+
+/* bytes of one interleaved row of `cols` columns (0: type unsupported or cols not whole blocks) */
+int64_t qlin_x16_row_bytes(int type, int64_t cols) {
+    if (!qlin_x16_supported(type) || cols % block_elems(type)) return 0;
+    return cols / block_elems(type) * format_of(type).gbb / G;
 }
 
 /* 0, or the same error codes as qlin_matmul, -4 for rows that are not whole groups */
 static int check_shape(int type, int64_t rows, int64_t cols) {
     if (!qlin_x16_supported(type)) return -1;
-    if (cols % QK) return -2;
+    if (cols % block_elems(type)) return -2;
     if (rows % G) return -4;
     return 0;
 }
 
 /* ---- portable code: the layout spelled out (repacking, dequantization, reference sums) --------- */
 
-/* the integer weight of column 2p + h of row `lane` in group block gb */
-static int x16_quant(const x16_format *f, const uint8_t *gb, int lane, int p, int h) {
-    if (!f->q4) return ((const int8_t *)(gb + f->qoff))[(p * G + lane) * 2 + h];
-    uint8_t v = gb[f->qoff + p * G + lane];
-    return h ? v >> 4 : v & 0xF;
+/* the integer weight (q, before scale and offset) of column c of row `lane` in group block gb */
+static int x16_quant(const x16_format *f, const uint8_t *gb, int lane, int c) {
+    const uint8_t *q = gb + f->off_q;
+    if (f->bits == 8) return ((const int8_t *)q)[(c / 2 * G + lane) * 2 + c % 2];
+    return c % 2 ? q[c / 2 * G + lane] >> 4 : q[c / 2 * G + lane] & 0xF;
 }
 
-static void x16_scales(const x16_format *f, const uint8_t *gb, int lane, float *d, float *m) {
-    *d = half_to_float(((const uint16_t *)gb)[lane]);
-    *m = f->q41 ? half_to_float(((const uint16_t *)gb)[G + lane]) : f->q4 ? -8.f * *d : 0.f;
+/* a sum of q x activations needs the offset term too (the types with an offset or min) */
+static int has_offset(const x16_format *f) { return f->bits == 4 || f->mins; }
+
+static float x16_d(const uint8_t *gb, int lane) { return half_to_float(((const uint16_t *)gb)[lane]); }
+
+/* the scale of column c of row `lane` */
+static float x16_scale(const x16_format *f, const uint8_t *gb, int lane, int c) {
+    const float d = x16_d(gb, lane);
+    if (f->nsc == 8) return d * gb[f->off_sc + c / 32 * G + lane];
+    if (f->nsc == 16) return d * ((const int8_t *)gb)[f->off_sc + c / 16 * G + lane];
+    return d;
 }
 
-/* GGUF rows -> interleaved groups; out holds rows x row bytes, like w */
+/* the offset of column c of row `lane` */
+static float x16_offset(const x16_format *f, const uint8_t *gb, int lane, int c) {
+    const float m = f->has_m ? half_to_float(((const uint16_t *)(gb + f->off_m))[lane]) : 0.f;
+    switch (f->type) {
+    case T_Q4_0: return -8.f * x16_d(gb, lane);
+    case T_Q4_1: return m;
+    case T_Q4_K: case T_Q5_K: return -m * gb[f->off_mn + c / 32 * G + lane];
+    default: return 0.f;
+    }
+}
+
+/* element c's integer (its bias taken off) into the group block */
+static void x16_put(const x16_format *f, uint8_t *gb, int lane, int c, int v) {
+    uint8_t *q = gb + f->off_q;
+    if (f->bits == 8)
+        ((int8_t *)q)[(c / 2 * G + lane) * 2 + c % 2] = (int8_t)(v - f->bias);
+    else
+        q[c / 2 * G + lane] |= (uint8_t)((v & 0xF) << (4 * (c % 2)));
+}
+
+/* one row's GGUF block into lane `lane` of a group block: scales, then quants */
+static void repack_block(const x16_format *f, const uint8_t *src, uint8_t *gb, int lane) {
+    const int t = f->type;
+    memcpy(gb + 2 * lane, src + (t == T_Q6_K ? 208 : 0), 2);              /* d */
+    if (f->has_m) memcpy(gb + f->off_m + 2 * lane, src + 2, 2);           /* Q4_1's m, a K-quant's dmin */
+    if (f->mins) {
+        uint8_t sc[8], mn[8];
+        q4k_scales(src + 4, sc, mn);
+        for (int j = 0; j < 8; j++) {
+            gb[f->off_sc + j * G + lane] = sc[j];
+            gb[f->off_mn + j * G + lane] = mn[j];
+        }
+    }
+    if (t == T_Q6_K)
+        for (int j = 0; j < 16; j++) gb[f->off_sc + j * G + lane] = src[192 + j];
+    for (int c = 0; c < f->be; c++) x16_put(f, gb, lane, c, gguf_block_quant(t, src, c));
+}
+
+/* GGUF rows -> interleaved groups; out holds rows x qlin_x16_row_bytes(type, cols) */
 int qlin_x16_repack(int type, const uint8_t *w, int64_t rows, int64_t cols, uint8_t *out) {
     int rc = check_shape(type, rows, cols);
     if (rc) return rc;
     const x16_format f = format_of(type);
-    const int64_t nb = cols / QK, bb = block_bytes(type), row_bytes = nb * bb;
-    memset(out, 0, (size_t)(rows * row_bytes));
+    const int64_t nb = cols / f.be, bb = block_bytes(type), row_bytes = nb * bb;
+    memset(out, 0, (size_t)(rows / G * nb * f.gbb));
     for (int64_t g = 0; g < rows / G; g++)
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *gb = out + (g * nb + b) * f.gbb;
-            for (int r = 0; r < G; r++) {
-                const uint8_t *src = w + (g * G + r) * row_bytes + b * bb;
-                memcpy(gb + 2 * r, src, 2);                                      /* d */
-                if (f.q41) memcpy(gb + 2 * G + 2 * r, src + 2, 2);               /* m */
-                for (int i = 0; i < QK; i++) {
-                    const int p = i / 2, h = i % 2;
-                    if (f.q4) {
-                        const uint8_t *qs = src + (f.q41 ? 4 : 2);  /* element i: low nibble of byte i, high of i - 16 */
-                        const uint8_t q = i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
-                        gb[f.qoff + p * G + r] |= (uint8_t)(q << (4 * h));
-                    } else {
-                        gb[f.qoff + (p * G + r) * 2 + h] = src[2 + i];
-                    }
-                }
-            }
-        }
+        for (int64_t b = 0; b < nb; b++)
+            for (int r = 0; r < G; r++)
+                repack_block(&f, w + (g * G + r) * row_bytes + b * bb, out + (g * nb + b) * f.gbb, r);
     return 0;
 }
 
 static void dequantize_row_x16(const x16_format *f, const uint8_t *w, int64_t nb, int64_t row, float *y) {
     const int lane = (int)(row % G);
-    for (int64_t b = 0; b < nb; b++, y += QK) {
+    for (int64_t b = 0; b < nb; b++, y += f->be) {
         const uint8_t *gb = w + ((row / G) * nb + b) * f->gbb;
-        float d, m;
-        x16_scales(f, gb, lane, &d, &m);
-        for (int i = 0; i < QK; i++) y[i] = (float)x16_quant(f, gb, lane, i / 2, i % 2) * d + m;
+        for (int c = 0; c < f->be; c++)
+            y[c] = (float)x16_quant(f, gb, lane, c) * x16_scale(f, gb, lane, c) + x16_offset(f, gb, lane, c);
     }
 }
 
-/* out[j * G + lane] = row (group, lane) . activation row j, for j < na */
-static void group_dot_scalar(const x16_format *f, const uint8_t *gw, const block_a16 *a, int64_t nb, int na,
+/* out[j * G + lane] = row (group, lane) . activation row j, for j < na (a: nb32 blocks of 32 per row) */
+static void group_dot_scalar(const x16_format *f, const uint8_t *gw, const block_a16 *a, int64_t nb32, int na,
                              float *out) {
     for (int j = 0; j < na; j++)
         for (int lane = 0; lane < G; lane++) {
             float acc = 0.f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *gb = gw + b * f->gbb;
-                const block_a16 *ab = a + j * nb + b;
-                int sum = 0;
-                for (int i = 0; i < QK; i++) sum += x16_quant(f, gb, lane, i / 2, i % 2) * ab->qs[i];
-                float d, m;
-                x16_scales(f, gb, lane, &d, &m);
-                acc += d * ab->d * (float)sum + m * ab->s;
+            for (int64_t k = 0; k < nb32; k++) {  /* block k of 32 columns: two halves with their own scale */
+                const uint8_t *gb = gw + k * QK / f->be * f->gbb;
+                const int c0 = (int)(k * QK % f->be);
+                const block_a16 *ab = a + j * nb32 + k;
+                int sum[2] = {0, 0};
+                for (int i = 0; i < QK; i++) sum[i / 16] += x16_quant(f, gb, lane, c0 + i) * ab->qs[i];
+                acc += ab->d * (x16_scale(f, gb, lane, c0) * (float)sum[0] + x16_scale(f, gb, lane, c0 + 16) * (float)sum[1]);
+                acc += x16_offset(f, gb, lane, c0) * ab->s;
             }
             out[j * G + lane] = acc;
         }
@@ -124,41 +190,69 @@ static void group_dot_scalar(const x16_format *f, const uint8_t *gw, const block
 /* ---- AVX-512 VNNI ------------------------------------------------------------------------------ */
 #ifdef QL_X86
 
-/* 16 rows x one pair of columns as int16 pairs in 32-bit lanes (the vpdpwssd operand) */
-AVX512_INLINE static inline __m512i pair_weights(int q4, const uint8_t *q, int p) {
-    if (!q4) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + 32 * p)));
+AVX512_INLINE static inline __m512i bytes_to_lanes(const uint8_t *p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* 16 rows x columns 2p, 2p + 1 of a group block as int16 pairs in 32-bit lanes (the vpdpwssd operand) */
+AVX512_INLINE static inline __m512i pair_weights(const x16_format *f, const uint8_t *gb, int p) {
+    const uint8_t *q = gb + f->off_q;
+    if (f->bits == 8) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + 32 * p)));
     /* byte v -> lane (v & 15) | (v >> 4) << 16: (t | t << 12) & 0x000F000F in one ternary-logic op */
-    __m512i t = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * p)));
+    const __m512i t = bytes_to_lanes(q + 16 * p);
     return _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(t, 12), _mm512_set1_epi32(0x000F000F), 0xA8);
 }
 
-/* as group_dot_scalar, na <= NA_X16; type and na are constants in each caller (FOR_TYPE_NA), so the
+/* the 16 rows' offsets for sub-block s (times each activation block's sum), for has_offset types */
+AVX512_INLINE static inline __m512 offsets_avx512(const x16_format *f, const uint8_t *gb, __m512 d, int s) {
+    switch (f->type) {
+    case T_Q4_0: return _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
+    case T_Q4_1: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + f->off_m)));
+    default: {  /* Q4_K/Q5_K: -dmin * mn */
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + f->off_m)));
+        return _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(),
+                                                                       bytes_to_lanes(gb + f->off_mn + 16 * s))));
+    }
+    }
+}
+
+/* as group_dot_scalar, na <= NA_X16; type and na are constants in each caller (FOR_NA), so the
  * branches fold and the accumulators stay in registers */
-AVX512_INLINE static inline void group_dot_avx512(int type, const uint8_t *gw, const block_a16 *a, int64_t nb,
+AVX512_INLINE static inline void group_dot_avx512(int type, const uint8_t *gw, const block_a16 *a, int64_t nb32,
                                                   int na, float *out) {
     const x16_format f = format_of(type);
+    const int subs = f.be / QK, halves = f.nsc == 16 ? 2 : 1, pairs = QK / 2 / halves;
     __m512 acc[NA_X16];
     for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = gw + b * f.gbb, *q = gb + f.qoff;
+    for (int64_t b = 0; b < nb32 / subs; b++) {
+        const uint8_t *gb = gw + b * f.gbb;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
-        __m512i sums[NA_X16];
-        for (int j = 0; j < na; j++) sums[j] = _mm512_setzero_si512();
-        for (int p = 0; p < QK / 2; p++) {
-            const __m512i wp = pair_weights(f.q4, q, p);
-            for (int j = 0; j < na; j++) {
-                int32_t xp;  /* activations 2p and 2p + 1, broadcast */
-                memcpy(&xp, a[j * nb + b].qs + 2 * p, 4);
-                sums[j] = _mm512_dpwssd_epi32(sums[j], wp, _mm512_set1_epi32(xp));
+        for (int s = 0; s < subs; s++) {
+            const block_a16 *ab = a + b * subs + s;  /* activation row j's block: ab[j * nb32] */
+            for (int h = 0; h < halves; h++) {
+                __m512i sums[NA_X16];
+                for (int j = 0; j < na; j++) sums[j] = _mm512_setzero_si512();
+                for (int p = h * pairs; p < (h + 1) * pairs; p++) {
+                    const __m512i wp = pair_weights(&f, gb, 16 * s + p);
+                    for (int j = 0; j < na; j++) {
+                        int32_t xp;  /* activations 2p and 2p + 1, broadcast */
+                        memcpy(&xp, ab[j * nb32].qs + 2 * p, 4);
+                        sums[j] = _mm512_dpwssd_epi32(sums[j], wp, _mm512_set1_epi32(xp));
+                    }
+                }
+                __m512 scale = d;
+                if (f.nsc == 8) scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_to_lanes(gb + f.off_sc + 16 * s)));
+                if (f.nsc == 16)
+                    scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                 _mm_loadu_si128((const __m128i *)(gb + f.off_sc + 16 * (2 * s + h))))));
+                for (int j = 0; j < na; j++)
+                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[j]),
+                                             _mm512_mul_ps(scale, _mm512_set1_ps(ab[j * nb32].d)), acc[j]);
             }
-        }
-        for (int j = 0; j < na; j++)
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[j]), _mm512_mul_ps(d, _mm512_set1_ps(a[j * nb + b].d)),
-                                     acc[j]);
-        if (f.q4) {
-            const __m512 m = f.q41 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 2 * G)))
-                                   : _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
-            for (int j = 0; j < na; j++) acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[j * nb + b].s), acc[j]);
+            if (has_offset(&f)) {
+                const __m512 m = offsets_avx512(&f, gb, d, s);
+                for (int j = 0; j < na; j++) acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(ab[j * nb32].s), acc[j]);
+            }
         }
     }
     for (int j = 0; j < na; j++) _mm512_storeu_ps(out + j * G, acc[j]);
@@ -166,21 +260,25 @@ AVX512_INLINE static inline void group_dot_avx512(int type, const uint8_t *gw, c
 
 #define FOR_NA(T)                                                                  \
     switch (na) {                                                                  \
-    case 1: group_dot_avx512(T, gw, a, nb, 1, out); break;                         \
-    case 2: group_dot_avx512(T, gw, a, nb, 2, out); break;                         \
-    case 3: group_dot_avx512(T, gw, a, nb, 3, out); break;                         \
-    case 4: group_dot_avx512(T, gw, a, nb, 4, out); break;                         \
-    case 5: group_dot_avx512(T, gw, a, nb, 5, out); break;                         \
-    case 6: group_dot_avx512(T, gw, a, nb, 6, out); break;                         \
-    case 7: group_dot_avx512(T, gw, a, nb, 7, out); break;                         \
-    default: group_dot_avx512(T, gw, a, nb, 8, out); break;                        \
+    case 1: group_dot_avx512(T, gw, a, nb32, 1, out); break;                       \
+    case 2: group_dot_avx512(T, gw, a, nb32, 2, out); break;                       \
+    case 3: group_dot_avx512(T, gw, a, nb32, 3, out); break;                       \
+    case 4: group_dot_avx512(T, gw, a, nb32, 4, out); break;                       \
+    case 5: group_dot_avx512(T, gw, a, nb32, 5, out); break;                       \
+    case 6: group_dot_avx512(T, gw, a, nb32, 6, out); break;                       \
+    case 7: group_dot_avx512(T, gw, a, nb32, 7, out); break;                       \
+    default: group_dot_avx512(T, gw, a, nb32, 8, out); break;                      \
     }
 
-AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *a, int64_t nb, int na, float *out) {
+AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *a, int64_t nb32, int na, float *out) {
     switch (type) {
     case T_Q4_0: FOR_NA(T_Q4_0); break;
     case T_Q4_1: FOR_NA(T_Q4_1); break;
-    default: FOR_NA(T_Q8_0); break;
+    case T_Q5_0: FOR_NA(T_Q5_0); break;
+    case T_Q8_0: FOR_NA(T_Q8_0); break;
+    case T_Q4_K: FOR_NA(T_Q4_K); break;
+    case T_Q5_K: FOR_NA(T_Q5_K); break;
+    default: FOR_NA(T_Q6_K); break;
     }
 }
 
@@ -188,54 +286,86 @@ AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *
 
 #define NA_AVX2 4  /* activation rows per pass here: 2 x NA_AVX2 integer sums, 2 weight vectors in 16 ymm */
 
-/* 16 rows x one pair of columns as int16 pairs in 32-bit lanes, rows 0-7 in w[0] and 8-15 in w[1] */
-AVX2_INLINE static inline void pair_weights_avx2(int q4, const uint8_t *q, int p, __m256i w[2]) {
-    if (!q4) {
+/* 16 rows x columns 2p, 2p + 1 as int16 pairs in 32-bit lanes, rows 0-7 in w[0] and 8-15 in w[1] */
+AVX2_INLINE static inline void pair_weights_avx2(const x16_format *f, const uint8_t *gb, int p, __m256i w[2]) {
+    const uint8_t *q = gb + f->off_q;
+    if (f->bits == 8) {
         w[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 32 * p)));
         w[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 32 * p + 16)));
         return;
     }
-    /* byte r -> bytes (low nibble, high nibble) side by side, then widened: lane r = lo | hi << 16 */
+    /* byte r -> bytes (column 2p, column 2p + 1) side by side, then widened: lane r = lo | hi << 16 */
     const __m128i v = _mm_loadu_si128((const __m128i *)(q + 16 * p)), nib = _mm_set1_epi8(0xF);
     const __m128i lo = _mm_and_si128(v, nib), hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
     w[0] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi));
     w[1] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(lo, hi));
 }
 
+AVX2_INLINE static inline __m256 half_lanes(const uint8_t *p, int h) {  /* 8 fp16 of 16, half h */
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p + h));
+}
+
+AVX2_INLINE static inline __m256i bytes8_to_lanes(const uint8_t *p, int is_signed) {
+    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+}
+
+/* rows 8h..8h+7's offsets for sub-block s (as offsets_avx512) */
+AVX2_INLINE static inline __m256 offsets_avx2(const x16_format *f, const uint8_t *gb, __m256 d, int s, int h) {
+    switch (f->type) {
+    case T_Q4_0: return _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+    case T_Q4_1: return half_lanes(gb + f->off_m, h);
+    default:
+        return _mm256_mul_ps(half_lanes(gb + f->off_m, h),
+                             _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(),
+                                                                 bytes8_to_lanes(gb + f->off_mn + 16 * s + 8 * h, 0))));
+    }
+}
+
 /* as group_dot_scalar, na <= NA_AVX2 (a constant in each caller): vpmaddwd and an add where VNNI has one
  * vpdpwssd, each 16-row sum in two halves */
-AVX2_INLINE static inline void group_dot_avx2_na(int type, const uint8_t *gw, const block_a16 *a, int64_t nb,
+AVX2_INLINE static inline void group_dot_avx2_na(int type, const uint8_t *gw, const block_a16 *a, int64_t nb32,
                                                  int na, float *out) {
     const x16_format f = format_of(type);
+    const int subs = f.be / QK, halves = f.nsc == 16 ? 2 : 1, pairs = QK / 2 / halves;
     __m256 acc[NA_AVX2][2];
     for (int j = 0; j < na; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = gw + b * f.gbb, *q = gb + f.qoff;
-        __m256i sums[NA_AVX2][2];
-        for (int j = 0; j < na; j++) sums[j][0] = sums[j][1] = _mm256_setzero_si256();
-        for (int p = 0; p < QK / 2; p++) {
-            __m256i wp[2];
-            pair_weights_avx2(f.q4, q, p, wp);
-            for (int j = 0; j < na; j++) {
-                int32_t xp;  /* activations 2p and 2p + 1, broadcast */
-                memcpy(&xp, a[j * nb + b].qs + 2 * p, 4);
-                const __m256i x = _mm256_set1_epi32(xp);
-                sums[j][0] = _mm256_add_epi32(sums[j][0], _mm256_madd_epi16(wp[0], x));
-                sums[j][1] = _mm256_add_epi32(sums[j][1], _mm256_madd_epi16(wp[1], x));
+    for (int64_t b = 0; b < nb32 / subs; b++) {
+        const uint8_t *gb = gw + b * f.gbb;
+        for (int s = 0; s < subs; s++) {
+            const block_a16 *ab = a + b * subs + s;
+            for (int hc = 0; hc < halves; hc++) {  /* Q6_K: columns 0-15 and 16-31 have their own scales */
+                __m256i sums[NA_AVX2][2];
+                for (int j = 0; j < na; j++) sums[j][0] = sums[j][1] = _mm256_setzero_si256();
+                for (int p = hc * pairs; p < (hc + 1) * pairs; p++) {
+                    __m256i wp[2];
+                    pair_weights_avx2(&f, gb, 16 * s + p, wp);
+                    for (int j = 0; j < na; j++) {
+                        int32_t xp;  /* activations 2p and 2p + 1, broadcast */
+                        memcpy(&xp, ab[j * nb32].qs + 2 * p, 4);
+                        const __m256i x = _mm256_set1_epi32(xp);
+                        sums[j][0] = _mm256_add_epi32(sums[j][0], _mm256_madd_epi16(wp[0], x));
+                        sums[j][1] = _mm256_add_epi32(sums[j][1], _mm256_madd_epi16(wp[1], x));
+                    }
+                }
+                for (int h = 0; h < 2; h++) {
+                    __m256 scale = half_lanes(gb, h);
+                    if (f.nsc == 8)
+                        scale = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(bytes8_to_lanes(gb + f.off_sc + 16 * s + 8 * h, 0)));
+                    if (f.nsc == 16)
+                        scale = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(
+                                                         bytes8_to_lanes(gb + f.off_sc + 16 * (2 * s + hc) + 8 * h, 1)));
+                    for (int j = 0; j < na; j++)
+                        acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[j][h]),
+                                                    _mm256_mul_ps(scale, _mm256_set1_ps(ab[j * nb32].d)), acc[j][h]);
+                }
             }
-        }
-        for (int h = 0; h < 2; h++) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb + h));
-            __m256 m = _mm256_setzero_ps();
-            if (f.q4)
-                m = f.q41 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 2 * G) + h))
-                          : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
-            for (int j = 0; j < na; j++) {
-                const block_a16 *ab = a + j * nb + b;
-                acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[j][h]), _mm256_mul_ps(d, _mm256_set1_ps(ab->d)),
-                                            acc[j][h]);
-                if (f.q4) acc[j][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab->s), acc[j][h]);
-            }
+            if (has_offset(&f))
+                for (int h = 0; h < 2; h++) {
+                    const __m256 m = offsets_avx2(&f, gb, half_lanes(gb, h), s, h);
+                    for (int j = 0; j < na; j++)
+                        acc[j][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab[j * nb32].s), acc[j][h]);
+                }
         }
     }
     for (int j = 0; j < na; j++) {
@@ -246,41 +376,44 @@ AVX2_INLINE static inline void group_dot_avx2_na(int type, const uint8_t *gw, co
 
 #define FOR_NA_AVX2(T, N)                                                          \
     switch (N) {                                                                   \
-    case 1: group_dot_avx2_na(T, gw, a, nb, 1, out); break;                        \
-    case 2: group_dot_avx2_na(T, gw, a, nb, 2, out); break;                        \
-    case 3: group_dot_avx2_na(T, gw, a, nb, 3, out); break;                        \
-    default: group_dot_avx2_na(T, gw, a, nb, 4, out); break;                       \
+    case 1: group_dot_avx2_na(T, gw, a, nb32, 1, out); break;                      \
+    case 2: group_dot_avx2_na(T, gw, a, nb32, 2, out); break;                      \
+    case 3: group_dot_avx2_na(T, gw, a, nb32, 3, out); break;                      \
+    default: group_dot_avx2_na(T, gw, a, nb32, 4, out); break;                     \
     }
 
 /* na <= NA_X16 in passes of NA_AVX2 rows; a group's weights are read again from L1/L2 in the second */
-AVX2 static void group_dot_avx2(int type, const uint8_t *gw, const block_a16 *a, int64_t nb, int na, float *out) {
-    for (int c = 0; c < na; c += NA_AVX2, a += NA_AVX2 * nb, out += NA_AVX2 * G) {
+AVX2 static void group_dot_avx2(int type, const uint8_t *gw, const block_a16 *a, int64_t nb32, int na, float *out) {
+    for (int c = 0; c < na; c += NA_AVX2, a += NA_AVX2 * nb32, out += NA_AVX2 * G) {
         const int n = na - c < NA_AVX2 ? na - c : NA_AVX2;
         switch (type) {
         case T_Q4_0: FOR_NA_AVX2(T_Q4_0, n); break;
         case T_Q4_1: FOR_NA_AVX2(T_Q4_1, n); break;
-        default: FOR_NA_AVX2(T_Q8_0, n); break;
+        case T_Q5_0: FOR_NA_AVX2(T_Q5_0, n); break;
+        case T_Q8_0: FOR_NA_AVX2(T_Q8_0, n); break;
+        case T_Q4_K: FOR_NA_AVX2(T_Q4_K, n); break;
+        case T_Q5_K: FOR_NA_AVX2(T_Q5_K, n); break;
+        default: FOR_NA_AVX2(T_Q6_K, n); break;
         }
     }
 }
 #endif /* QL_X86 */
 
-static void group_dot(int type, const uint8_t *gw, const block_a16 *a, int64_t nb, int na, float *out) {
+static void group_dot(int type, const uint8_t *gw, const block_a16 *a, int64_t nb32, int na, float *out) {
 #ifdef QL_X86
-    if (use_avx512()) { group_dot_vnni(type, gw, a, nb, na, out); return; }
-    if (use_avx2()) { group_dot_avx2(type, gw, a, nb, na, out); return; }
+    if (use_avx512()) { group_dot_vnni(type, gw, a, nb32, na, out); return; }
+    if (use_avx2()) { group_dot_avx2(type, gw, a, nb32, na, out); return; }
 #endif
     const x16_format f = format_of(type);
-    group_dot_scalar(&f, gw, a, nb, na, out);
+    group_dot_scalar(&f, gw, a, nb32, na, out);
 }
 
 /* ---- matmul and dequantization over the thread pool ------------------------------------------- */
 
 typedef struct {
     int type;
-    int64_t gbb;
     const uint8_t *w;
-    int64_t groups, nb, n, ldy;
+    int64_t groups, group_bytes, nb32, n, ldy;
     block_a16 *a;
     float *y;
 } x16_job;
@@ -293,7 +426,7 @@ static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
     for (int64_t g = lo; g < hi; g++)
         for (int64_t c = 0; c < j->n; c += NA_X16) {
             const int na = j->n - c < NA_X16 ? (int)(j->n - c) : NA_X16;
-            group_dot(j->type, j->w + g * j->nb * j->gbb, j->a + c * j->nb, j->nb, na, out);
+            group_dot(j->type, j->w + g * j->group_bytes, j->a + c * j->nb32, j->nb32, na, out);
             for (int t = 0; t < na; t++) memcpy(j->y + (c + t) * j->ldy + g * G, out + t * G, G * sizeof(float));
         }
 }
@@ -304,9 +437,9 @@ int qlin_x16_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, cons
     int rc = check_shape(type, rows, cols);
     if (rc) return rc;
     if (n <= 0 || rows <= 0) return 0;
-    x16_job job = {type, format_of(type).gbb, w, rows / G, cols / QK, n, ldy, NULL, y};
+    x16_job job = {type, w, rows / G, qlin_x16_row_bytes(type, cols) * G, cols / QK, n, ldy, NULL, y};
     pool_lock();
-    job.a = quantize_rows_a16(x, n, job.nb);
+    job.a = quantize_rows_a16(x, n, job.nb32);
     if (!job.a) { pool_unlock(); return -3; }
     /* chunks of ~32K weight-activation products: a few microseconds, above the cost of a hand-off */
     pool_parallel(groups_task, &job, num_chunks(job.groups, 1 + 32767 / (n * cols * G)));
@@ -335,7 +468,7 @@ int qlin_x16_dequantize(int type, const uint8_t *w, int64_t cols, const int64_t 
                         float *y, int64_t ldy) {
     int rc = check_shape(type, 0, cols);
     if (rc) return rc;
-    x16_dq_job job = {format_of(type), w, cols / QK, row0, n, ldy, ids, y};
+    x16_dq_job job = {format_of(type), w, cols / block_elems(type), row0, n, ldy, ids, y};
     pool_lock();
     pool_parallel(dequantize_rows_task, &job, num_chunks(n, 1 + 65535 / cols));
     pool_unlock();

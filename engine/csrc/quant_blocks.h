@@ -4,14 +4,16 @@
 #define QUANT_BLOCKS_H
 #include <stdint.h>
 
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 #define QK 32
 #define QKK 256
 
 typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[16]; } block_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;
 typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } block_q5_K;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } block_q6_K;
 /* a quantized activation block: x ~ d * qs, s = d * sum(qs) (for the weights' offsets and mins) */
 typedef struct { float d, s; int16_t qs[32]; } block_a16;
@@ -19,13 +21,30 @@ typedef struct { float d, s; int16_t qs[32]; } block_a16;
 
 _Static_assert(sizeof(block_q4_0) == 18, "q4_0");
 _Static_assert(sizeof(block_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(block_q5_0) == 22, "q5_0");
 _Static_assert(sizeof(block_q8_0) == 34, "q8_0");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K");
+_Static_assert(sizeof(block_q5_K) == 176, "q5_K");
 _Static_assert(sizeof(block_q6_K) == 210, "q6_K");
 
 int64_t block_elems(int type);
 int64_t block_bytes(int type);
 int qlin_type_supported(int type);
+/* element i of a GGUF block as stored: Q4_x/Q4_K 0..15, Q5_x 0..31, Q6_K 0..63 (before its -32), Q8_0 signed */
+int gguf_block_quant(int type, const uint8_t *blk, int i);
+
+/* Q4_K/Q5_K pack 8 six-bit scales and 8 six-bit mins in 12 bytes (llama.cpp's get_scale_min_k4) */
+static inline void q4k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] = q[j] & 63;
+            m[j] = q[j + 4] & 63;
+        } else {
+            sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+            m[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        }
+    }
+}
 /* x (nb blocks of 32 floats) -> 16-bit blocks, with the best code the CPU runs */
 void quantize_a16(const float *x, block_a16 *y, int64_t nb);
 /* the calling job's activation blocks: a buffer reused across calls (the caller holds the pool lock) */
