@@ -68,5 +68,6 @@ class ClusterSpec:
         return DaemonConfig(s.engine_config(), s.api_config(served_model_name(s.model)), s.host, s.port, s.grace_s,
                             s.slo_values(), s.peak_flops, s.peak_bandwidth, tune=s.tune,
                             state_dir=os.path.join(self.state_dir, replica), calibrate=s.calibrate,
+                            calibration_budget_s=s.calibration_budget_s,
                             tuner_storage=self.tuner_storage, tuner_owner=replica,
                             metric_labels={"replica": replica})

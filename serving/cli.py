@@ -105,7 +105,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="recompute every prompt instead of reusing the KV blocks of prefixes already in the pool")
     p.add_argument("--no-calibrate", dest="calibrate", action="store_const", const=False, default=None,
                    help="where no cost model describes this model/dtype/machine, skip the start-up calibration "
-                        "(~1 min) and scale the shipped one by live step times")
+                        "(--calibration-budget-s) and scale the shipped one by live step times")
+    p.add_argument("--calibration-budget-s", type=float, default=None,
+                   help="wall time the start-up calibration may take (default 60): fewer grid points for a slower "
+                        "model; too few to fit and it serves as with --no-calibrate")
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -241,7 +244,7 @@ def run_serve(args: argparse.Namespace) -> None:
 
     overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "weights", "device", "policy",
                                                "kv_cache_memory_mb", "kv_cache_dtype", "max_waiting", "api_key", "grace_s", "state_dir", "tune",
-                                               "slo_classes", "calibrate", "prefix_caching")}
+                                               "slo_classes", "calibrate", "calibration_budget_s", "prefix_caching")}
     settings = load_settings(args.config, overrides)
     if args.token_budget:
         settings.knobs = {**settings.knobs, "token_budget": args.token_budget}
@@ -250,7 +253,8 @@ def run_serve(args: argparse.Namespace) -> None:
     run_daemon(DaemonConfig(settings.engine_config(), settings.api_config(served_model_name(settings.model)),
                             settings.host, settings.port, settings.grace_s, settings.slo_values(),
                             settings.peak_flops, settings.peak_bandwidth, tune=settings.tune,
-                            state_dir=settings.state_dir, calibrate=settings.calibrate))
+                            state_dir=settings.state_dir, calibrate=settings.calibrate,
+                            calibration_budget_s=settings.calibration_budget_s))
 
 
 def served_model_name(model: str | None) -> str:

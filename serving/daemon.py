@@ -81,7 +81,7 @@ def engine_loader(config: DaemonConfig, telemetry: DaemonTelemetry, tuner: Tuner
         # the deadline policy prices each step with it, kept to the machine's live speed; chosen before
         # telemetry attaches, so a start-up calibration's steps stay out of the metrics, and the
         # quantized kernels' crossover (which a calibration may move) is final when MBU is priced
-        choice = choose_cost_model(engine, config.state_dir, config.calibrate)
+        choice = choose_cost_model(engine, config.state_dir, config.calibrate, config.calibration_budget_s)
         telemetry.attach(engine)
         cost = LiveCostModel(choice.model, choice.source, choice.describes_machine).attach(engine)
         engine.scheduler.arrival_guard_s = config.api.slo_classes.arrival_guard_s()

@@ -23,6 +23,7 @@ class DaemonConfig:
     tune: bool = True                         # run the online controller beside the engine
     state_dir: str = "state"                  # tuner studies, decisions, calibrated cost models
     calibrate: bool = True                    # calibrate at start-up when no cost model describes this machine
+    calibration_budget_s: float = 60.0        # ... within this much wall time (fewer grid points for a big model)
     tuner_storage: str | None = None          # an Optuna storage shared with other daemons (None: state_dir's SQLite)
     tuner_owner: str | None = None            # this daemon's name there (a cluster's replica name)
     metric_labels: dict[str, str] = field(default_factory=dict)   # on every /metrics sample (replica="...")

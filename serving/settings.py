@@ -48,6 +48,7 @@ class Settings:
     slo_classes: str = str(SHIPPED_SLO_CLASSES)            # YAML file of the classes requests may name
     tune: bool = True
     calibrate: bool = True            # at start-up, where no cost model describes this model/dtype/machine
+    calibration_budget_s: float = 60.0   # wall time that start-up calibration may take, whatever the model's size
     prefix_caching: bool = True       # reuse the KV blocks of prompt prefixes already computed
     state_dir: str = "state"
     peak_flops: float | None = None
@@ -106,6 +107,8 @@ class Settings:
         for name in ("port", "max_waiting", "block_size", "max_token_budget"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be positive")
+        if not self.calibration_budget_s > 0:
+            raise SettingsError("calibration_budget_s must be positive (--no-calibrate skips the calibration)")
         return self
 
     def _check_device(self) -> None:

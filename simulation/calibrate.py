@@ -15,6 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -39,7 +40,7 @@ MAX_OTHER_LOAD = 0.10     # other processes' CPU share above which a point is me
 MAX_RETAKES = 3
 RETAKE_PAUSE_S = 2.0
 CROSSOVER_DECODES = 128   # up to this many rows a crossover step is a decode batch, above it one prefill chunk
-MIN_POINTS = 24           # a time-limited calibration measures at least this many (7 features, a holdout)
+WARMUP_MAX_S = 0.25       # in a time budget, a step longer than this is timed without an untimed run before it
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,14 @@ class GridPoint:
         """Blocks the point's requests hold (each request rounds up to whole blocks)."""
         per_decode = -(-(self.decode_context + 1) // block_size)
         return self.decodes * per_decode + -(-(self.chunk + self.chunk_context) // block_size)
+
+    def shape(self) -> StepShape:
+        """What the point's step computes (StepShape.of_schedule of build_step's requests, unbuilt)."""
+        n, c = self.chunk, self.chunk_context
+        return StepShape(num_prefill_tokens=n, num_decode_tokens=self.decodes, num_sampled=self.decodes + (n > 0),
+                         context_tokens=self.decodes * (self.decode_context + 1) + (n + c if n else 0),
+                         attended_pairs=self.decodes * (self.decode_context + 1) + (n * c + n * (n + 1) // 2),
+                         num_seqs=self.decodes + (n > 0))
 
 
 def grid(max_kv_blocks: int, block_size: int, max_tokens: int, num_points: int, seed: int = 0,
@@ -99,15 +108,18 @@ def build_step(engine: LLMEngine, point: GridPoint) -> list[ScheduledRequest]:
     return scheduled
 
 
-def measure(engine: LLMEngine, point: GridPoint, repeats: int, retakes: int | None = None) -> tuple[StepShape, float]:
-    """Median wall time of executing the point's step `repeats` times after one untimed run; taken
+def measure(engine: LLMEngine, point: GridPoint, repeats: int, retakes: int | None = None,
+            warmup: bool = True) -> tuple[StepShape, float]:
+    """Median wall time of executing the point's step `repeats` times after one untimed run (none
+    without `warmup`: a step of seconds loses the set-up's milliseconds in its own time); taken
     again (up to `retakes`, default MAX_RETAKES, times) while other processes used more than
     MAX_OTHER_LOAD of the CPU."""
     retakes = MAX_RETAKES if retakes is None else retakes
     scheduled = build_step(engine, point)
     try:
         result = ScheduleResult.of(scheduled, 0, engine.scheduler.knobs, "calibration")
-        engine.runner.execute(scheduled)   # untimed: the first step of a new shape pays for oneDNN/allocator set-up
+        if warmup:   # untimed: the first step of a new shape pays for oneDNN/allocator set-up
+            engine.runner.execute(scheduled)
         for attempt in range(retakes + 1):
             load = OtherLoad()
             times = []
@@ -130,72 +142,103 @@ def measure(engine: LLMEngine, point: GridPoint, repeats: int, retakes: int | No
     return StepShape.of_schedule(result), statistics.median(times)
 
 
-def measure_step_crossover(engine: LLMEngine, repeats: int, retakes: int | None = None) -> int:
+def measure_step_crossover(engine: LLMEngine, repeats: int, retakes: int | None = None,
+                           deadline: float | None = None,
+                           observe: Callable[[StepShape, float, bool], None] | None = None) -> int:
     """The largest step up to which whole steps on the quantized kernels beat the same steps
     dequantized to the fp32 GEMM (stopping at the first loss), set as the engine's crossover. The
     start-up's guess times one matrix alone; the whole step (attention, norms, the LM head beside the
     matmuls) is what the cost model prices, so the crossover is measured on it. Steps are decode
     batches up to CROSSOVER_DECODES rows and single prefill chunks above (where the interleaved VNNI
-    kernels still win, engine/csrc/qlinear_x16.c)."""
+    kernels still win, engine/csrc/qlinear_x16.c).
+
+    With a `deadline` (time.monotonic()), no row count is started that the last one's timings,
+    doubled, say would end past it; stopped so before a loss, the start-up's guess stands where it
+    is above the largest count measured, and a step over WARMUP_MAX_S is timed without an untimed
+    run before the next. `observe(shape, seconds, on_kernels)` sees each step measured."""
     runner, blocks = engine.runner, engine.block_manager
-    best, timings = 0, []
+    guess = runner.quantized_max_rows
+    best, timings, settled, last_s = 0, [], False, 0.0
+    warmup = {"kernels": True, "dense": True}
     for rows in CROSSOVER_ROWS:
         point = (GridPoint(rows, DECODE_CONTEXTS[0], 0, 0) if rows <= CROSSOVER_DECODES
                  else GridPoint(0, DECODE_CONTEXTS[0], rows, 0))
         if rows > engine.config.max_token_budget or point.kv_blocks(blocks.block_size) > blocks.num_free_blocks:
+            settled = True    # nothing larger can run: what was measured is the whole answer
             break
+        if deadline is not None and time.monotonic() + 2 * last_s > deadline:
+            break
+        started = time.monotonic()
         runner.set_quantized_max_rows(rows)
-        kernel_s = measure(engine, point, repeats, retakes)[1]
+        shape, kernel_s = measure(engine, point, repeats, retakes, warmup["kernels"])
         runner.set_quantized_max_rows(rows - 1)
-        dense_s = measure(engine, point, repeats, retakes)[1]
+        dense_s = measure(engine, point, repeats, retakes, warmup["dense"])[1]
+        last_s = time.monotonic() - started
+        if deadline is not None:   # short of time: a step of seconds is timed without an untimed one before it
+            warmup = {"kernels": kernel_s <= WARMUP_MAX_S, "dense": dense_s <= WARMUP_MAX_S}
+        if observe:
+            observe(shape, kernel_s, True)
+            observe(shape, dense_s, False)
         timings.append(f"{rows} rows {kernel_s * 1e3:.1f}/{dense_s * 1e3:.1f} ms")
         if kernel_s > dense_s:
+            settled = True
             break
         best = rows
+    else:
+        settled = True
+    if not settled and guess > best:
+        log.info("calibration: out of time for the crossover after %d rows; the start-up's %d rows stand", best, guess)
+        best = guess
     runner.set_quantized_max_rows(best)
     log.info("calibration: quantized kernels for steps of up to %d rows (kernels/dense: %s)", best, ", ".join(timings))
     return best
 
 
-def live_steps(engine: LLMEngine, num_requests: int, seed: int = 0) -> list[StepRecord]:
+def live_steps(engine: LLMEngine, num_requests: int, seed: int = 0, max_prompt: int = 400, max_output: int = 128,
+               deadline: float | None = None) -> list[StepRecord]:
     """Whole engine steps (scheduling, sampling and output handling included, which the grid's bare
-    forward passes leave out) of a burst of chat-sized requests."""
+    forward passes leave out) of a burst of chat-sized requests (prompts of 16-`max_prompt` tokens,
+    8-`max_output` generated); at a `deadline` (time.monotonic()) the rest are aborted."""
     rng = random.Random(seed)
     records: list[StepRecord] = []
+    ids = []
     engine.step_listeners.append(records.append)
     try:
         for _ in range(num_requests):
-            prompt_len = rng.randint(16, min(400, engine.max_model_len // 2))
+            top = max(1, min(max_prompt, engine.max_model_len // 2))
+            prompt_len = rng.randint(min(16, top), top)
             prompt = [rng.randrange(engine.model_config.vocab_size) for _ in range(prompt_len)]
-            output_len = rng.randint(8, min(128, engine.max_model_len // 4))
-            engine.add_request(prompt, SamplingParams(max_tokens=output_len, ignore_eos=True))
+            top = max(1, min(max_output, engine.max_model_len // 4))
+            output_len = rng.randint(min(8, top), top)
+            ids.append(engine.add_request(prompt, SamplingParams(max_tokens=output_len, ignore_eos=True)))
         while engine.has_unfinished():
+            if deadline is not None and time.monotonic() >= deadline:
+                break
             engine.step()
     finally:
         engine.step_listeners.remove(records.append)
+        for request_id in ids:
+            engine.abort(request_id)    # those not finished by the deadline (or an error)
     return records
 
 
 def calibrate(engine: LLMEngine, num_points: int = 120, repeats: int = 3, holdout_fraction: float = 0.2,
               seed: int = 0, progress: bool = True, live_requests: int = 32,
-              time_limit_s: float | None = None, retakes: int | None = None) -> CostModel:
+              retakes: int | None = None) -> CostModel:
     """Measure `num_points` grid points and the steps of `live_requests` requests, and fit; the
-    MAPE on the held-out share is in the result. With `time_limit_s`, the grid stops once that is
-    spent (the points are a random sample, so a prefix is one too), after MIN_POINTS at least."""
+    MAPE on the held-out share is in the result. It takes what it takes (`autotuned-serve
+    calibrate`); the daemon's start-up calibration keeps to a time budget
+    (simulation/budgeted_calibration.py)."""
     blocks = engine.block_manager
     if engine.runner.quantized_path and engine.config.quantized_max_rows is None:
         measure_step_crossover(engine, repeats, retakes)
     points = grid(blocks.num_free_blocks, blocks.block_size, engine.config.max_token_budget, num_points, seed,
                   engine.max_model_len, engine.runner.quantized_max_rows)
     shapes, seconds = [], []
-    start = time.monotonic()
     for point in tqdm(points, desc="calibrating", disable=not progress):
         shape, t = measure(engine, point, repeats, retakes)
         shapes.append(shape)
         seconds.append(t)
-        if time_limit_s is not None and len(shapes) >= MIN_POINTS and time.monotonic() - start > time_limit_s:
-            log.info("calibration: %d of %d grid points within %.0f s", len(shapes), len(points), time_limit_s)
-            break
     for record in live_steps(engine, live_requests, seed):
         shapes.append(StepShape.of(record))
         seconds.append(record.duration_s)

@@ -1,5 +1,6 @@
 """The daemon's cost model at start-up: one that describes this model, dtype, device and machine, or
-a short calibration, or (with --no-calibrate) the shipped one scaled by the live speed alone.
+a calibration within a time budget (simulation/budgeted_calibration.py), or (with --no-calibrate, or
+where the budget measured too few steps) the shipped one scaled by the live speed alone.
 
 A cost model fitted elsewhere misprices every step here: on a faster CPU the deadline policy
 would cut prefill chunks for nothing, on a GPU the warm start would search a machine that is not
@@ -13,15 +14,15 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulation.calibrate import calibrate, default_cost_model_path, engine_meta
+from simulation.budgeted_calibration import DEFAULT_BUDGET_S, CalibrationTooShort, calibrate_within
+from simulation.calibrate import default_cost_model_path, engine_meta
 from simulation.cost_model_files import SHIPPED_COST_MODEL, state_dir_calibrations
 from simulation.cost_model import CostModel
 from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
-# <= 60 s on the bundled model on the 2-core CPU: grid points for ~35 s, then 4 requests' live steps
-START_UP_GRID_S = 35.0
+# within the budget (calibration_budget_s, 60 s by default), up to 60 grid points and 4 requests' live steps
 START_UP_POINTS = 60
 START_UP_LIVE_REQUESTS = 4
 
@@ -33,7 +34,8 @@ class CostModelChoice:
     describes_machine: bool
 
 
-def choose_cost_model(engine: LLMEngine, state_dir: str, calibrate_at_start: bool = True) -> CostModelChoice:
+def choose_cost_model(engine: LLMEngine, state_dir: str, calibrate_at_start: bool = True,
+                      budget_s: float = DEFAULT_BUDGET_S) -> CostModelChoice:
     meta = engine_meta(engine)
     want = tuple(str(meta[key]) for key in ("model", "dtype", "device", "fingerprint", "weights"))
     for path in _candidates(state_dir):
@@ -47,12 +49,18 @@ def choose_cost_model(engine: LLMEngine, state_dir: str, calibrate_at_start: boo
             return CostModelChoice(model, str(path), True)
     what = f"{want[0]} {want[1]} ({want[4]} weights) on {want[3]}"
     if calibrate_at_start:
-        log.info("no calibration describes %s: calibrating now (about a minute; --no-calibrate skips it)", what)
-        # no re-takes on a busy machine: a start-up is bounded in time; the live speed factor corrects it
-        model = calibrate(engine, START_UP_POINTS, repeats=1, holdout_fraction=0.2,
-                          live_requests=START_UP_LIVE_REQUESTS, time_limit_s=START_UP_GRID_S, retakes=0)
+        log.info("no calibration describes %s: calibrating now, for at most %.0f s (calibration_budget_s; "
+                 "--no-calibrate skips it)", what, budget_s)
+        try:
+            model = calibrate_within(engine, budget_s, START_UP_POINTS, START_UP_LIVE_REQUESTS)
+        except CalibrationTooShort as e:
+            source = (f"shipped {SHIPPED_COST_MODEL.name}, which does not describe {what} (the start-up calibration "
+                      f"was too short: {e}): its shape, scaled to the live step times alone")
+            log.warning("cost model: %s; a larger calibration_budget_s or `autotuned-serve calibrate` fits one", source)
+            return CostModelChoice(CostModel.load(SHIPPED_COST_MODEL), source, False)
         path = model.save(default_cost_model_path(state_dir, model.model, model.dtype, model.device, model.weights))
-        log.info("calibrated in the start-up: %s (holdout MAPE %.0f%%)", path, 100 * (model.holdout_mape or 0))
+        log.info("calibrated in the start-up in %s s: %s (holdout MAPE %.0f%%)", model.notes.get("calibration_s"),
+                 path, 100 * (model.holdout_mape or 0))
         return CostModelChoice(model, f"calibrated at start-up: {path}", True)
     source = (f"shipped {SHIPPED_COST_MODEL.name}, which does not describe {what} (--no-calibrate): "
               "its shape, scaled to the live step times alone")

@@ -38,6 +38,7 @@ def test_default_config_file_loads():
     ("kv_cache_dtype: int4", "unknown kv_cache_dtype 'int4': expected auto, fp32, fp16 or bf16"),
     ("[1, 2]", "expected a mapping"),
     ("port: [", "not valid YAML"),
+    ("calibration_budget_s: 0", "calibration_budget_s must be positive"),
 ])
 def test_bad_config_names_the_field(tmp_path, text, match):
     path = tmp_path / "bad.yaml"
@@ -45,6 +46,17 @@ def test_bad_config_names_the_field(tmp_path, text, match):
     with pytest.raises(SettingsError, match=re.escape(match)) as info:
         load_settings(str(path), {})
     assert "\n" not in str(info.value)
+
+
+def test_the_calibration_budget_is_a_setting_and_a_flag(tmp_path):
+    from serving.cli import build_parser
+
+    assert load_settings(None, {}).calibration_budget_s == 60
+    path = tmp_path / "budget.yaml"
+    path.write_text("calibration_budget_s: 20\n")
+    assert load_settings(str(path), {}).calibration_budget_s == 20
+    args = build_parser().parse_args(["serve", "--calibration-budget-s", "5"])
+    assert load_settings(str(path), {"calibration_budget_s": args.calibration_budget_s}).calibration_budget_s == 5
 
 
 @pytest.fixture(scope="module")
