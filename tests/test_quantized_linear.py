@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 import gguf
 import numpy as np
@@ -434,3 +435,32 @@ def test_dtype_auto_is_fp32_under_the_kernels_even_where_bf16_is_fast(monkeypatc
     assert EngineConfig(weights="dense").torch_dtype() == torch.bfloat16
     assert EngineConfig(model="tiny").torch_dtype() == torch.bfloat16        # a preset: dense weights
     assert EngineConfig(dtype="bf16").torch_dtype() == torch.bfloat16        # asked for: kept
+
+
+# ---- a real Qwen2.5-Coder-0.5B GGUF (Q5_0/Q8_0/Q6_K/Q4_K; skipped where ../shared/models/get-model.sh has not fetched it)
+
+QWEN_0_5B = os.path.join(os.environ.get("MODELS_DIR", os.path.expanduser("~/.cache/autotuned-models")),
+                         "qwen2.5-coder-0.5b.gguf")
+QWEN_PROMPTS = ["def fibonacci(n):", "The capital of France is", "SELECT name FROM users WHERE",
+                "Once upon a time, in a small village,"]
+
+
+@pytest.fixture(scope="module")
+def qwen_pair():
+    """The 0.5B file dequantized to fp32 (fp32 KV) and on its quantized weights as the daemon runs it, every
+    step on the interleaved kernels."""
+    if not os.path.isfile(QWEN_0_5B):
+        pytest.skip("../shared/models/get-model.sh qwen2.5-coder-0.5b")
+    from engine import LLM
+    dense = LLM(QWEN_0_5B, dtype="fp32", kv_cache_memory_mb=64, weights="dense", kv_cache_dtype="fp32")
+    quantized = LLM(QWEN_0_5B, dtype="fp32", kv_cache_memory_mb=64, weights="quantized", quantized_max_rows=100_000)
+    return dense, quantized
+
+
+@pytest.mark.slow
+def test_greedy_tokens_on_the_real_qwen_0_5b_match_fp32(qwen_pair):
+    """#31's bar: 32 greedy tokens on 4 prompts, the same on the Q5_0/Q8_0/Q6_K/Q4_K kernels as in fp32."""
+    from engine import SamplingParams
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    dense, quantized = (llm.generate(QWEN_PROMPTS, params, use_tqdm=False) for llm in qwen_pair)
+    assert [q.token_ids for q in quantized] == [d.token_ids for d in dense]
