@@ -15,7 +15,8 @@
  *     uint8  sc[n][16]        K-quants: sub-block scales, unpacked from 6 bits (Q4_K/Q5_K, one per 32
  *                             columns) or int8 (Q6_K, one per 16 columns)
  *     uint8  mn[8][16]        Q4_K/Q5_K: sub-block mins, unpacked from 6 bits
- *     4 bits (Q4_0, Q4_1, Q4_K):               uint8 q[pairs][16]     column 2p in the low nibble, 2p + 1 in the high one
+ *     4 bits (Q4_0, Q4_1, Q4_K):               uint8 q[cols / 8][16][4]   byte i of row r in chunk m: column
+ *                                              8m + i in the low nibble, 8m + 4 + i in the high one
  *     8 bits (Q8_0; Q5_0, Q5_K, Q6_K widened): int8  q[pairs][16][2]
  *
  * So a weight is q * scale + offset: scale d (times the sub-block's sc for K-quants), offset -8 d for
@@ -27,18 +28,28 @@
  * own count for 4 and 8 bits, except Q4_K's, whose 12 bytes of packed 6-bit scales per row take 16
  * (+2.8%); Q5_0 grows by 55%, Q5_K by 57%, Q6_K by 30% (INTERLEAVED_BLOCK_BYTES in quantized_linear.py).
  *
- * Activations are quantized per block of 32 to 16 bits as in qlinear.c. Where the CPU lacks AVX-512
- * VNNI, AVX2 code computes the same sums with vpmaddwd on two halves of 8 rows, and portable scalar
- * code where it lacks AVX2 too.
+ * Activations are quantized per block of 32 to 16 bits as in qlinear.c. 4-bit weights meet them as bytes:
+ * a 64-byte chunk is 16 rows x 8 columns, whose low nibbles (one AND) are 16 rows x 4 columns with a
+ * row's 4 weights in one 32-bit lane, the operand of vpdpbusd (4 byte products per lane). A 16-bit
+ * activation x = 256 hi + lo (hi signed, lo unsigned) takes two: vpdpbusd(w as u8, hi as s8) and
+ * vpdpbusd(lo as u8, w as s8), exact in int32. That is a third of the instructions of widening each
+ * pair of nibbles to 16 bits for vpdpwssd (8-bit weights still take that path): a batch-1 decode step,
+ * bound by unpacking instructions rather than memory on 2 cores, runs in about half the time. Where the
+ * CPU lacks AVX-512 VNNI, AVX2 code computes the same sums with vpmaddwd on two halves of 8 rows, and
+ * portable scalar code where it lacks AVX2 too.
  */
 #include "half.h"
 #include "isa.h"
 #include "quant_blocks.h"
 #include "thread_pool.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define G 16      /* rows per group */
+
+/* a 16-bit activation block split into bytes, x = 256 hi + lo (the 4-bit VNNI kernel's operands) */
+typedef struct { float d, s; uint8_t lo[32]; int8_t hi[32]; } block_a8x2;
 #define NA_X16 8  /* activation rows per pass over a group's weights */
 
 typedef struct {
@@ -87,11 +98,15 @@ static int check_shape(int type, int64_t rows, int64_t cols) {
 
 /* ---- portable code: the layout spelled out (repacking, dequantization, reference sums) --------- */
 
+/* 4 bits: the byte holding column c of row `lane` (chunks of 8 columns, 4 bytes a row; c % 8 >= 4 high) */
+static inline int64_t nibble_byte(int lane, int c) { return (int64_t)(c / 8) * 4 * G + lane * 4 + c % 4; }
+
 /* the integer weight (q, before scale and offset) of column c of row `lane` in group block gb */
 static int x16_quant(const x16_format *f, const uint8_t *gb, int lane, int c) {
     const uint8_t *q = gb + f->off_q;
     if (f->bits == 8) return ((const int8_t *)q)[(c / 2 * G + lane) * 2 + c % 2];
-    return c % 2 ? q[c / 2 * G + lane] >> 4 : q[c / 2 * G + lane] & 0xF;
+    const uint8_t v = q[nibble_byte(lane, c)];
+    return c % 8 < 4 ? v & 0xF : v >> 4;
 }
 
 /* a sum of q x activations needs the offset term too (the types with an offset or min) */
@@ -124,7 +139,7 @@ static void x16_put(const x16_format *f, uint8_t *gb, int lane, int c, int v) {
     if (f->bits == 8)
         ((int8_t *)q)[(c / 2 * G + lane) * 2 + c % 2] = (int8_t)(v - f->bias);
     else
-        q[c / 2 * G + lane] |= (uint8_t)((v & 0xF) << (4 * (c % 2)));
+        q[nibble_byte(lane, c)] |= (uint8_t)((v & 0xF) << (c % 8 < 4 ? 0 : 4));
 }
 
 /* one row's GGUF block into lane `lane` of a group block: scales, then quants */
@@ -194,13 +209,9 @@ AVX512_INLINE static inline __m512i bytes_to_lanes(const uint8_t *p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
 }
 
-/* 16 rows x columns 2p, 2p + 1 of a group block as int16 pairs in 32-bit lanes (the vpdpwssd operand) */
+/* 8-bit weights: 16 rows x columns 2p, 2p + 1 as int16 pairs in 32-bit lanes (the vpdpwssd operand) */
 AVX512_INLINE static inline __m512i pair_weights(const x16_format *f, const uint8_t *gb, int p) {
-    const uint8_t *q = gb + f->off_q;
-    if (f->bits == 8) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + 32 * p)));
-    /* byte v -> lane (v & 15) | (v >> 4) << 16: (t | t << 12) & 0x000F000F in one ternary-logic op */
-    const __m512i t = bytes_to_lanes(q + 16 * p);
-    return _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(t, 12), _mm512_set1_epi32(0x000F000F), 0xA8);
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(gb + f->off_q + 32 * p)));
 }
 
 /* the 16 rows' offsets for sub-block s (times each activation block's sum), for has_offset types */
@@ -216,8 +227,52 @@ AVX512_INLINE static inline __m512 offsets_avx512(const x16_format *f, const uin
     }
 }
 
-/* as group_dot_scalar, na <= NA_X16; type and na are constants in each caller (FOR_NA), so the
- * branches fold and the accumulators stay in registers */
+/* as group_dot_scalar for 4-bit types on split activations (vpdpbusd, see the top), na <= NA_X16 */
+AVX512_INLINE static inline void group_dot_q4_avx512(int type, const uint8_t *gw, const block_a8x2 *a, int64_t nb32,
+                                                     int na, float *out) {
+    const x16_format f = format_of(type);
+    const int subs = f.be / QK;
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    __m512 acc[NA_X16];
+    for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb32 / subs; b++) {
+        const uint8_t *gb = gw + b * f.gbb;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        for (int s = 0; s < subs; s++) {
+            const block_a8x2 *ab = a + b * subs + s;  /* activation row j's block: ab[j * nb32] */
+            __m512i hi[NA_X16], lo[NA_X16];
+            for (int j = 0; j < na; j++) hi[j] = lo[j] = _mm512_setzero_si512();
+            for (int m = 0; m < 4; m++) {   /* chunks of 8 columns: w0 the first 4, w1 the next 4 */
+                const __m512i v = _mm512_loadu_si512(gb + f.off_q + 64 * (4 * s + m));
+                const __m512i w0 = _mm512_and_si512(v, nib), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                for (int j = 0; j < na; j++) {
+                    int32_t h0, h1, l0, l1;
+                    memcpy(&h0, ab[j * nb32].hi + 8 * m, 4);
+                    memcpy(&h1, ab[j * nb32].hi + 8 * m + 4, 4);
+                    memcpy(&l0, ab[j * nb32].lo + 8 * m, 4);
+                    memcpy(&l1, ab[j * nb32].lo + 8 * m + 4, 4);
+                    hi[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi[j], w0, _mm512_set1_epi32(h0)), w1,
+                                                _mm512_set1_epi32(h1));
+                    lo[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo[j], _mm512_set1_epi32(l0), w0),
+                                                _mm512_set1_epi32(l1), w1);
+                }
+            }
+            __m512 scale = d;
+            if (f.nsc == 8) scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_to_lanes(gb + f.off_sc + 16 * s)));
+            const __m512 m = offsets_avx512(&f, gb, d, s);
+            for (int j = 0; j < na; j++) {
+                const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]);
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(ab[j * nb32].d)),
+                                         acc[j]);
+                acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(ab[j * nb32].s), acc[j]);
+            }
+        }
+    }
+    for (int j = 0; j < na; j++) _mm512_storeu_ps(out + j * G, acc[j]);
+}
+
+/* as group_dot_scalar for 8-bit types, na <= NA_X16; type and na are constants in each caller (FOR_NA),
+ * so the branches fold and the accumulators stay in registers */
 AVX512_INLINE static inline void group_dot_avx512(int type, const uint8_t *gw, const block_a16 *a, int64_t nb32,
                                                   int na, float *out) {
     const x16_format f = format_of(type);
@@ -258,27 +313,45 @@ AVX512_INLINE static inline void group_dot_avx512(int type, const uint8_t *gw, c
     for (int j = 0; j < na; j++) _mm512_storeu_ps(out + j * G, acc[j]);
 }
 
-#define FOR_NA(T)                                                                  \
+#define FOR_NA(KERNEL, T, A)                                                       \
     switch (na) {                                                                  \
-    case 1: group_dot_avx512(T, gw, a, nb32, 1, out); break;                       \
-    case 2: group_dot_avx512(T, gw, a, nb32, 2, out); break;                       \
-    case 3: group_dot_avx512(T, gw, a, nb32, 3, out); break;                       \
-    case 4: group_dot_avx512(T, gw, a, nb32, 4, out); break;                       \
-    case 5: group_dot_avx512(T, gw, a, nb32, 5, out); break;                       \
-    case 6: group_dot_avx512(T, gw, a, nb32, 6, out); break;                       \
-    case 7: group_dot_avx512(T, gw, a, nb32, 7, out); break;                       \
-    default: group_dot_avx512(T, gw, a, nb32, 8, out); break;                      \
+    case 1: KERNEL(T, gw, A, nb32, 1, out); break;                                 \
+    case 2: KERNEL(T, gw, A, nb32, 2, out); break;                                 \
+    case 3: KERNEL(T, gw, A, nb32, 3, out); break;                                 \
+    case 4: KERNEL(T, gw, A, nb32, 4, out); break;                                 \
+    case 5: KERNEL(T, gw, A, nb32, 5, out); break;                                 \
+    case 6: KERNEL(T, gw, A, nb32, 6, out); break;                                 \
+    case 7: KERNEL(T, gw, A, nb32, 7, out); break;                                 \
+    default: KERNEL(T, gw, A, nb32, 8, out); break;                                \
     }
 
-AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *a, int64_t nb32, int na, float *out) {
+#define NA_Q4 4
+#define FOR_NA_Q4(T, N)                                                            \
+    switch (N) {                                                                   \
+    case 1: group_dot_q4_avx512(T, gw, a8, nb32, 1, out); break;                   \
+    case 2: group_dot_q4_avx512(T, gw, a8, nb32, 2, out); break;                   \
+    case 3: group_dot_q4_avx512(T, gw, a8, nb32, 3, out); break;                   \
+    default: group_dot_q4_avx512(T, gw, a8, nb32, 4, out); break;                  \
+    }
+
+AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *a, const block_a8x2 *a8,
+                                  int64_t nb32, int na, float *out) {
+    if (format_of(type).bits == 4) {   /* passes of NA_Q4 rows: two integer sums a row, in registers */
+        for (int c = 0; c < na; c += NA_Q4, a8 += NA_Q4 * nb32, out += NA_Q4 * G) {
+            const int n = na - c < NA_Q4 ? na - c : NA_Q4;
+            switch (type) {
+            case T_Q4_0: FOR_NA_Q4(T_Q4_0, n); break;
+            case T_Q4_1: FOR_NA_Q4(T_Q4_1, n); break;
+            default: FOR_NA_Q4(T_Q4_K, n); break;
+            }
+        }
+        return;
+    }
     switch (type) {
-    case T_Q4_0: FOR_NA(T_Q4_0); break;
-    case T_Q4_1: FOR_NA(T_Q4_1); break;
-    case T_Q5_0: FOR_NA(T_Q5_0); break;
-    case T_Q8_0: FOR_NA(T_Q8_0); break;
-    case T_Q4_K: FOR_NA(T_Q4_K); break;
-    case T_Q5_K: FOR_NA(T_Q5_K); break;
-    default: FOR_NA(T_Q6_K); break;
+    case T_Q5_0: FOR_NA(group_dot_avx512, T_Q5_0, a); break;
+    case T_Q8_0: FOR_NA(group_dot_avx512, T_Q8_0, a); break;
+    case T_Q5_K: FOR_NA(group_dot_avx512, T_Q5_K, a); break;
+    default: FOR_NA(group_dot_avx512, T_Q6_K, a); break;
     }
 }
 
@@ -294,11 +367,14 @@ AVX2_INLINE static inline void pair_weights_avx2(const x16_format *f, const uint
         w[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 32 * p + 16)));
         return;
     }
-    /* byte r -> bytes (column 2p, column 2p + 1) side by side, then widened: lane r = lo | hi << 16 */
-    const __m128i v = _mm_loadu_si128((const __m128i *)(q + 16 * p)), nib = _mm_set1_epi8(0xF);
-    const __m128i lo = _mm_and_si128(v, nib), hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
-    w[0] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi));
-    w[1] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(lo, hi));
+    /* columns 2p and 2p + 1 are nibbles of bytes i and i + 1 of each row's 4 in chunk p / 4: shifted to
+     * bits 0-3 and 8-11 of the row's lane, then the second moved to 16-19 */
+    const int i = 2 * p % 8, shift = 8 * (i % 4) + (i < 4 ? 0 : 4);
+    const __m256i nib = _mm256_set1_epi32(0xF), nib16 = _mm256_set1_epi32(0xF0000);
+    for (int h = 0; h < 2; h++) {
+        const __m256i t = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(q + 64 * (p / 4) + 32 * h)), shift);
+        w[h] = _mm256_or_si256(_mm256_and_si256(t, nib), _mm256_and_si256(_mm256_slli_epi32(t, 8), nib16));
+    }
 }
 
 AVX2_INLINE static inline __m256 half_lanes(const uint8_t *p, int h) {  /* 8 fp16 of 16, half h */
@@ -399,9 +475,10 @@ AVX2 static void group_dot_avx2(int type, const uint8_t *gw, const block_a16 *a,
 }
 #endif /* QL_X86 */
 
-static void group_dot(int type, const uint8_t *gw, const block_a16 *a, int64_t nb32, int na, float *out) {
+static void group_dot(int type, const uint8_t *gw, const block_a16 *a, const block_a8x2 *a8, int64_t nb32, int na,
+                      float *out) {
 #ifdef QL_X86
-    if (use_avx512()) { group_dot_vnni(type, gw, a, nb32, na, out); return; }
+    if (use_avx512()) { group_dot_vnni(type, gw, a, a8, nb32, na, out); return; }
     if (use_avx2()) { group_dot_avx2(type, gw, a, nb32, na, out); return; }
 #endif
     const x16_format f = format_of(type);
@@ -415,8 +492,34 @@ typedef struct {
     const uint8_t *w;
     int64_t groups, group_bytes, nb32, n, ldy;
     block_a16 *a;
+    block_a8x2 *a8;   /* the activations split into bytes (4-bit types on AVX-512 VNNI), else NULL */
     float *y;
 } x16_job;
+
+/* the split activations' buffer, reused across calls (the caller holds the pool lock) */
+static block_a8x2 *scratch_a8x2(int64_t blocks) {
+    static block_a8x2 *buf = NULL;
+    static int64_t cap = 0;
+    if (blocks > cap) {
+        block_a8x2 *grown = realloc(buf, (size_t)blocks * sizeof(block_a8x2));
+        if (!grown) return NULL;
+        buf = grown;
+        cap = blocks;
+    }
+    return buf;
+}
+
+/* x = 256 hi + lo for each 16-bit activation (hi signed, lo unsigned) */
+static void split_a16(const block_a16 *a, block_a8x2 *b, int64_t blocks) {
+    for (int64_t k = 0; k < blocks; k++) {
+        b[k].d = a[k].d;
+        b[k].s = a[k].s;
+        for (int i = 0; i < QK; i++) {
+            b[k].lo[i] = (uint8_t)(a[k].qs[i] & 0xFF);
+            b[k].hi[i] = (int8_t)(a[k].qs[i] >> 8);
+        }
+    }
+}
 
 static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
     x16_job *j = p;
@@ -426,7 +529,8 @@ static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
     for (int64_t g = lo; g < hi; g++)
         for (int64_t c = 0; c < j->n; c += NA_X16) {
             const int na = j->n - c < NA_X16 ? (int)(j->n - c) : NA_X16;
-            group_dot(j->type, j->w + g * j->group_bytes, j->a + c * j->nb32, j->nb32, na, out);
+            group_dot(j->type, j->w + g * j->group_bytes, j->a + c * j->nb32, j->a8 ? j->a8 + c * j->nb32 : NULL,
+                      j->nb32, na, out);
             for (int t = 0; t < na; t++) memcpy(j->y + (c + t) * j->ldy + g * G, out + t * G, G * sizeof(float));
         }
 }
@@ -437,9 +541,14 @@ int qlin_x16_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, cons
     int rc = check_shape(type, rows, cols);
     if (rc) return rc;
     if (n <= 0 || rows <= 0) return 0;
-    x16_job job = {type, w, rows / G, qlin_x16_row_bytes(type, cols) * G, cols / QK, n, ldy, NULL, y};
+    x16_job job = {type, w, rows / G, qlin_x16_row_bytes(type, cols) * G, cols / QK, n, ldy, NULL, NULL, y};
     pool_lock();
     job.a = quantize_rows_a16(x, n, job.nb32);
+    if (job.a && use_avx512() && format_of(type).bits == 4) {
+        job.a8 = scratch_a8x2(n * job.nb32);
+        if (job.a8) split_a16(job.a, job.a8, n * job.nb32);
+        else job.a = NULL;
+    }
     if (!job.a) { pool_unlock(); return -3; }
     /* chunks of ~32K weight-activation products: a few microseconds, above the cost of a hand-off */
     pool_parallel(groups_task, &job, num_chunks(job.groups, 1 + 32767 / (n * cols * G)));

@@ -1,0 +1,173 @@
+"""Batch-1 decode and 512-token prefill: this engine against llama.cpp's `llama-bench`, on the same GGUF
+files, side by side in one run (#31).
+
+For each --models file, rounds alternate between the two so that a busy spell of the machine hits
+both alike (--rounds, median over rounds):
+  llama.cpp   `llama-bench -m FILE -t THREADS -p 512 -n 128 -r 1 -o json`: pp512 and tg128 tokens/s
+  this engine the daemon's defaults (dtype and weights "auto": the quantized kernels) in this process:
+              prefill = one 512-token prompt computed in one step (token budget 512), tokens/s;
+              decode = 128 greedy steps of one sequence after a 16-token prompt (tg128 starts from an
+              empty context), tokens/s from the median step time
+Ratios: ours / llama.cpp's tokens/s (>= 1.0: as fast or faster). The resident set after the engine
+was built (--kv-tokens of fp16 KV pool, the daemon's pool size for the 135M default) is reported beside
+the GGUF size x 1.3 + that pool (#31's memory bound).
+
+llama.cpp's `system_info` line (which instruction sets it runs) comes from a one-token `llama-completion` run. Threads: both use
+--threads (default: the machine's cores).
+
+    .venv/bin/python benchmarks/llama_cpp_single_stream.py --llama-bin /work/llama-peer/bin \\
+        --models bundled ~/.cache/autotuned-models/qwen2.5-coder-0.5b.gguf \\
+                 ~/.cache/autotuned-models/qwen2.5-coder-1.5b.gguf --json docs/results/single_stream.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+from bench_common import MachineInfo, emit_summary
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.checkpoint import bundled_model_path
+from policies import Knobs
+
+PREFILL_TOKENS = 512
+DECODE_STEPS = 128
+DECODE_PROMPT = 16
+
+
+@dataclass
+class Side:
+    prefill_tok_s: float
+    decode_tok_s: float
+
+
+@dataclass
+class ModelResult:
+    model: str
+    gguf_mb: float
+    llama: Side
+    ours: Side
+    prefill_ratio: float        # ours / llama.cpp, tokens/s
+    decode_ratio: float
+    rss_mb: float               # this process after building the engine
+    rss_bound_mb: float         # GGUF x 1.3 + KV pool
+    rounds: int
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--llama-bin", required=True, help="folder holding llama-bench (benchmarks/build_llama_cpp.sh)")
+    p.add_argument("--models", nargs="+", default=["bundled"], help="GGUF files; 'bundled': SmolLM2-135M")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--kv-tokens", type=int, default=8192, help="KV pool of the engine, in tokens (default 8192)")
+    p.add_argument("--json", default=None)
+    return p.parse_args()
+
+
+def llama_env() -> dict[str, str]:
+    """This process's environment without the OMP_WAIT_POLICY=PASSIVE that importing `engine` sets: inherited,
+    it puts llama.cpp's OpenMP threads to sleep between ops (decode at a quarter of its speed)."""
+    return {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+
+
+def llama_bench(binary: str, model: str, threads: int) -> Side:
+    out = subprocess.run([binary, "-m", model, "-t", str(threads), "-p", str(PREFILL_TOKENS), "-n", str(DECODE_STEPS),
+                          "-r", "1", "-o", "json"], capture_output=True, text=True, check=True, env=llama_env()).stdout
+    rows = json.loads(out)
+    rate = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
+    return Side(rate["pp"], rate["tg"])
+
+
+def build_engine(model: str, kv_tokens: int) -> LLMEngine:
+    block = 16
+    return LLMEngine(EngineConfig(model=model, num_kv_blocks=kv_tokens // block, block_size=block,
+                                  knobs=Knobs(token_budget=PREFILL_TOKENS, max_num_seqs=8)))
+
+
+def run_ours(engine: LLMEngine, round_: int) -> Side:
+    vocab = engine.model_config.vocab_size
+    prompt = [(1000 + 7919 * (i + round_)) % (vocab - 1000) + 500 for i in range(PREFILL_TOKENS)]
+    engine.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    t0 = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    prefill_s = time.perf_counter() - t0
+    engine.add_request(prompt[:DECODE_PROMPT], SamplingParams(max_tokens=DECODE_STEPS + 1, temperature=0.0,
+                                                              ignore_eos=True))
+    engine.step()                                   # the prompt and the first token
+    steps = []
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - t0)
+    return Side(PREFILL_TOKENS / prefill_s, 1.0 / statistics.median(steps))
+
+
+def resident_mb() -> float:
+    return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) / 1024
+
+
+def kv_pool_mb(engine: LLMEngine, kv_tokens: int) -> float:
+    mc = engine.model_config
+    return kv_tokens * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2 / 2**20
+
+
+def measure(model: str, args: argparse.Namespace) -> ModelResult:
+    path = bundled_model_path() if model == "bundled" else os.path.expanduser(model)
+    engine = build_engine(path, args.kv_tokens)
+    gc.collect()
+    rss = resident_mb()
+    llama, ours = [], []
+    run_ours(engine, -1)                            # warm-up: first-touch of buffers
+    for r in range(args.rounds):
+        llama.append(llama_bench(os.path.join(args.llama_bin, "llama-bench"), path, args.threads))
+        ours.append(run_ours(engine, r))
+        print(f"  round {r}: llama.cpp {llama[-1]}, ours {ours[-1]}", flush=True)
+    med = lambda sides, f: statistics.median(getattr(s, f) for s in sides)  # noqa: E731
+    llama_m = Side(med(llama, "prefill_tok_s"), med(llama, "decode_tok_s"))
+    ours_m = Side(med(ours, "prefill_tok_s"), med(ours, "decode_tok_s"))
+    gguf_mb = os.path.getsize(path) / 2**20
+    result = ModelResult(os.path.basename(path), gguf_mb, llama_m, ours_m, ours_m.prefill_tok_s / llama_m.prefill_tok_s,
+                         ours_m.decode_tok_s / llama_m.decode_tok_s, rss, gguf_mb * 1.3 + kv_pool_mb(engine, args.kv_tokens),
+                         args.rounds)
+    del engine
+    gc.collect()
+    return result
+
+
+def system_info(llama_bin: str, model: str, threads: int) -> str | None:
+    """llama.cpp's `system_info` line (the instruction sets it runs), from a one-token llama-completion run."""
+    cli = os.path.join(llama_bin, "llama-completion")
+    if not os.path.exists(cli):
+        return None
+    out = subprocess.run([cli, "-m", model, "-p", "hi", "-n", "1", "-t", str(threads), "--no-warmup"],
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300, env=llama_env())
+    return next((line.strip() for line in (out.stdout + out.stderr).splitlines() if "system_info" in line), None)
+
+
+def main() -> None:
+    args = parse_args()
+    results = []
+    for model in args.models:
+        print(f"{model}:", flush=True)
+        results.append(measure(model, args))
+        r = results[-1]
+        print(f"  prefill {r.ours.prefill_tok_s:.0f} vs {r.llama.prefill_tok_s:.0f} tok/s ({r.prefill_ratio:.2f}x), "
+              f"decode {r.ours.decode_tok_s:.1f} vs {r.llama.decode_tok_s:.1f} tok/s ({r.decode_ratio:.2f}x), "
+              f"RSS {r.rss_mb:.0f} MB (bound {r.rss_bound_mb:.0f})", flush=True)
+    emit_summary({"machine": asdict(MachineInfo.collect()), "threads": args.threads,
+                  "llama_cpp": {"bin": args.llama_bin,
+                                "system_info": system_info(args.llama_bin, bundled_model_path(), args.threads)},
+                  "results": [asdict(r) for r in results]}, args.json)
+
+
+if __name__ == "__main__":
+    main()
