@@ -15,6 +15,7 @@ and the wall time. Servers:
 
 - `llama-bN`: llama-server with `-b N -ub N` (logical and physical batch, i.e. its step size in
   tokens), `-np --slots` parallel slots and `-c slots x --ctx-per-slot`, `-t` = all cores;
+  `llama-bN-npM`: the same with M slots (#31's grid: N in {32, 64, 128, 512, 2048}, M in {4, 8, 16});
   the issue asks for N in {32, 64, 128, 512} and the best one counts.
 - `daemon`: `autotuned-serve serve --no-tune` with a fresh --state-dir (plus --daemon-args), so it
   calibrates its cost model at start-up where no shipped calibration describes the machine (about a
@@ -164,13 +165,18 @@ def bundled_gguf() -> str:
 
 # ---- server configurations ------------------------------------------------------------------------
 
+LLAMA_CONFIG = re.compile(r"llama-b(\d+)(?:-np(\d+))?")
+
+
 def llama_spec(name: str, args: argparse.Namespace, gguf: str, port: int) -> ServerSpec:
-    step = int(name.removeprefix("llama-b"))
+    """`llama-bN` (-b/-ub N, -np --slots) or `llama-bN-npM` (-np M)."""
+    step_text, slots_text = LLAMA_CONFIG.fullmatch(name).groups()
+    step, slots = int(step_text), int(slots_text or args.slots)
     threads = args.llama_threads or os.cpu_count() or 1
     argv = (args.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(args.slots), "-c", str(args.slots * args.ctx_per_slot), "-b", str(step), "-ub", str(step),
+            "-np", str(slots), "-c", str(slots * args.ctx_per_slot), "-b", str(step), "-ub", str(step),
             "-t", str(threads), *shlex.split(args.llama_args))
-    config = f"-b {step} -ub {step} -np {args.slots} -c {args.slots * args.ctx_per_slot} -t {threads}"
+    config = f"-b {step} -ub {step} -np {slots} -c {slots * args.ctx_per_slot} -t {threads}"
     return ServerSpec(name, "llama.cpp", (config + " " + args.llama_args).strip(), argv)
 
 
@@ -198,11 +204,12 @@ def daemon_spec(name: str, args: argparse.Namespace, gguf: str, port: int, state
 def make_spec(name: str, args: argparse.Namespace, gguf: str, port: int, workdir: str) -> ServerSpec:
     if is_daemon_config(name):
         return daemon_spec(name, args, gguf, port, os.path.join(workdir, "state"))
-    if name.startswith("llama-b") and name.removeprefix("llama-b").isdigit():
+    if LLAMA_CONFIG.fullmatch(name):
         if not args.llama_server:
             raise SystemExit("llama.cpp configs need --llama-server (see benchmarks/build_llama_cpp.sh)")
         return llama_spec(name, args, gguf, port)
-    raise SystemExit(f"unknown config {name!r}: expected llama-bN (N = step size in tokens), daemon or "
+    raise SystemExit(f"unknown config {name!r}: expected llama-bN or llama-bN-npM (N = step size in tokens, "
+                     f"M = slots), daemon or "
                      f"daemon-POLICY-N (e.g. daemon-sarathi-64)")
 
 
@@ -217,7 +224,10 @@ def free_port() -> int:
 def start_server(spec: ServerSpec, log_path: str, port: int, timeout_s: float) -> subprocess.Popen:
     """Starts the server and returns once /health answers 200 (both servers say 503 while loading)."""
     log = open(log_path, "w")
-    proc = subprocess.Popen(spec.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    # never OMP_WAIT_POLICY=PASSIVE (importing `engine`, as bundled_gguf does, sets it for the daemon's own
+    # process): inherited, it puts llama.cpp's OpenMP threads to sleep between ops
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    proc = subprocess.Popen(spec.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -153,6 +153,24 @@ def system_info(llama_bin: str, model: str, threads: int) -> str | None:
     return next((line.strip() for line in (out.stdout + out.stderr).splitlines() if "system_info" in line), None)
 
 
+def load_results(path: str) -> list[ModelResult]:
+    """The results of a --json file (docs/llama_cpp.md's table is markdown_table of them)."""
+    with open(path) as f:
+        rows = json.load(f)["results"]
+    return [ModelResult(**{**r, "llama": Side(**r["llama"]), "ours": Side(**r["ours"])}) for r in rows]
+
+
+def markdown_table(results: list[ModelResult]) -> str:
+    """The table docs/llama_cpp.md shows (medians over rounds)."""
+    rows = ["| GGUF | MB | prefill 512, tok/s: ours / llama.cpp | x | decode, tok/s: ours / llama.cpp | x | "
+            "RSS MB (bound) |", "|---|---:|---|---:|---|---:|---|"]
+    for r in results:
+        rows.append(f"| {r.model} | {r.gguf_mb:.0f} | {r.ours.prefill_tok_s:.0f} / {r.llama.prefill_tok_s:.0f} | "
+                    f"**{r.prefill_ratio:.2f}** | {r.ours.decode_tok_s:.1f} / {r.llama.decode_tok_s:.1f} | "
+                    f"**{r.decode_ratio:.2f}** | {r.rss_mb:.0f} ({r.rss_bound_mb:.0f}) |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     args = parse_args()
     results = []
@@ -167,6 +185,7 @@ def main() -> None:
                   "llama_cpp": {"bin": args.llama_bin,
                                 "system_info": system_info(args.llama_bin, bundled_model_path(), args.threads)},
                   "results": [asdict(r) for r in results]}, args.json)
+    print(markdown_table(results))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -51,9 +52,22 @@ def test_the_zero_config_tables_are_rendered_from_their_results_file():
     assert render.block((DOCS / "tuning.md").read_text()) == render.render_all()
 
 
+def test_the_llama_cpp_table_is_rendered_from_its_results_file():
+    """docs/llama_cpp.md's side-by-side table is benchmarks/llama_cpp_single_stream.py's rendering of
+    docs/results/llama_cpp_single_stream.json."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))     # the script imports bench_common by name
+    try:
+        bench = load_module(ROOT / "benchmarks" / "llama_cpp_single_stream.py")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    table = bench.markdown_table(bench.load_results(str(DOCS / "results" / "llama_cpp_single_stream.json")))
+    assert table.count("\n") >= 4 and table in (DOCS / "llama_cpp.md").read_text()
+
+
 def load_module(path: Path):
     """A benchmark script as a module (benchmarks/ is not a package)."""
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module       # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
