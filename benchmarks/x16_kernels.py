@@ -15,7 +15,6 @@ to the memory's rate, and where it falls short the kernel's instructions are the
 from __future__ import annotations
 
 import argparse
-import time
 
 import bench_common  # noqa: F401  (imports engine before torch: OMP_WAIT_POLICY)
 import numpy as np
@@ -23,7 +22,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from bench_common import MachineInfo, emit_summary
-from engine.quantized_linear import QuantizedTensor, load_kernels
+from engine.quantized_linear import QuantizedTensor, best_time, load_kernels
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,19 +50,9 @@ def random_weights(qtype: GGMLQuantizationType, rows: int, cols: int) -> np.ndar
     return raw.reshape(rows, -1)
 
 
-def best_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def read_bandwidth_gb_s() -> float:
     big = torch.ones(100_000_000)
-    return big.numel() * 4 / best_s(big.sum, 3) / 1e9
+    return big.numel() * 4 / best_time(big.sum, 3, float("inf")) / 1e9
 
 
 def main() -> None:
@@ -84,7 +73,7 @@ def main() -> None:
             times = {}
             for n in args.batch:
                 x, out = torch.randn(n, args.cols), torch.empty(n, rows)
-                times[n] = best_s(lambda: kernels.matmul_into(w, x, out), args.repeats)
+                times[n] = best_time(lambda: kernels.matmul_into(w, x, out), args.repeats, float("inf"))
             gb_s = w.nbytes / times[args.batch[0]] / 1e9 if args.batch[0] == 1 else None
             rows_out.append({"type": name, "rows": rows, "cols": args.cols, "mb": w.nbytes / 1e6,
                              "seconds": times, "one_row_gb_s": gb_s})
