@@ -147,6 +147,13 @@ def build_prompts(encode, count: int, length: int, jitter: int, seed: int = 0) -
     return prompts
 
 
+def peer_env() -> dict[str, str]:
+    """This process's environment without the OMP_WAIT_POLICY=PASSIVE that importing `engine` sets: a peer
+    server started with it (llama.cpp) puts its OpenMP threads to sleep between ops (decode at a quarter of
+    its speed)."""
+    return {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+
+
 def emit_summary(summary: dict, path: str | None) -> None:
     """Print the JSON summary, and also write it to `path` when given."""
     print(json.dumps(summary, indent=2))

@@ -23,7 +23,7 @@ import tempfile
 
 import torch
 
-from bench_common import PASSAGE, MachineInfo, emit_summary
+from bench_common import PASSAGE, MachineInfo, emit_summary, peer_env
 from engine import EngineConfig, LLMEngine
 from engine.checkpoint import bundled_model_path
 
@@ -42,9 +42,8 @@ def parse_args() -> argparse.Namespace:
 
 def llama_perplexity(binary: str, model: str, text_path: str, ctx: int, threads: int) -> tuple[float, int]:
     """(PPL, chunks) from llama-perplexity's "Final estimate" line."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}   # see llama_cpp_single_stream.py
     out = subprocess.run([binary, "-m", model, "-f", text_path, "-c", str(ctx), "-b", str(ctx), "-t", str(threads)],
-                         capture_output=True, text=True, env=env, check=True)
+                         capture_output=True, text=True, env=peer_env(), check=True)
     text = out.stdout + out.stderr
     ppl = float(re.search(r"Final estimate: PPL = ([0-9.]+)", text).group(1))
     chunks = int(re.search(r"calculating perplexity over (\d+) chunks", text).group(1))

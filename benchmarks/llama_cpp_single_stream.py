@@ -26,13 +26,14 @@ import argparse
 import gc
 import json
 import os
-import re
 import statistics
 import subprocess
 import time
 from dataclasses import asdict, dataclass
 
-from bench_common import MachineInfo, emit_summary
+import psutil
+
+from bench_common import MachineInfo, emit_summary, peer_env
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.checkpoint import bundled_model_path
 from policies import Knobs
@@ -72,15 +73,9 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def llama_env() -> dict[str, str]:
-    """This process's environment without the OMP_WAIT_POLICY=PASSIVE that importing `engine` sets: inherited,
-    it puts llama.cpp's OpenMP threads to sleep between ops (decode at a quarter of its speed)."""
-    return {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-
-
 def llama_bench(binary: str, model: str, threads: int) -> Side:
     out = subprocess.run([binary, "-m", model, "-t", str(threads), "-p", str(PREFILL_TOKENS), "-n", str(DECODE_STEPS),
-                          "-r", "1", "-o", "json"], capture_output=True, text=True, check=True, env=llama_env()).stdout
+                          "-r", "1", "-o", "json"], capture_output=True, text=True, check=True, env=peer_env()).stdout
     rows = json.loads(out)
     rate = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
     return Side(rate["pp"], rate["tg"])
@@ -111,20 +106,11 @@ def run_ours(engine: LLMEngine, round_: int) -> Side:
     return Side(PREFILL_TOKENS / prefill_s, 1.0 / statistics.median(steps))
 
 
-def resident_mb() -> float:
-    return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) / 1024
-
-
-def kv_pool_mb(engine: LLMEngine, kv_tokens: int) -> float:
-    mc = engine.model_config
-    return kv_tokens * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2 / 2**20
-
-
 def measure(model: str, args: argparse.Namespace) -> ModelResult:
     path = bundled_model_path() if model == "bundled" else os.path.expanduser(model)
     engine = build_engine(path, args.kv_tokens)
     gc.collect()
-    rss = resident_mb()
+    rss = psutil.Process().memory_info().rss / 2**20
     llama, ours = [], []
     run_ours(engine, -1)                            # warm-up: first-touch of buffers
     for r in range(args.rounds):
@@ -136,7 +122,7 @@ def measure(model: str, args: argparse.Namespace) -> ModelResult:
     ours_m = Side(med(ours, "prefill_tok_s"), med(ours, "decode_tok_s"))
     gguf_mb = os.path.getsize(path) / 2**20
     result = ModelResult(os.path.basename(path), gguf_mb, llama_m, ours_m, ours_m.prefill_tok_s / llama_m.prefill_tok_s,
-                         ours_m.decode_tok_s / llama_m.decode_tok_s, rss, gguf_mb * 1.3 + kv_pool_mb(engine, args.kv_tokens),
+                         ours_m.decode_tok_s / llama_m.decode_tok_s, rss, gguf_mb * 1.3 + engine.runner.kv_cache.nbytes / 2**20,
                          args.rounds)
     del engine
     gc.collect()
@@ -149,7 +135,7 @@ def system_info(llama_bin: str, model: str, threads: int) -> str | None:
     if not os.path.exists(cli):
         return None
     out = subprocess.run([cli, "-m", model, "-p", "hi", "-n", "1", "-t", str(threads), "--no-warmup"],
-                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300, env=llama_env())
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300, env=peer_env())
     return next((line.strip() for line in (out.stdout + out.stderr).splitlines() if "system_info" in line), None)
 
 

@@ -584,16 +584,20 @@ static void matmul_task(void *p, int64_t chunk, int64_t nchunks) {
     }
 }
 
-block_a16 *scratch_a16(int64_t blocks) {
-    static block_a16 *buf = NULL;
-    static int64_t cap = 0;
-    if (blocks > cap) {
-        block_a16 *grown = realloc(buf, (size_t)blocks * sizeof(block_a16));
+void *grow_scratch(void **buf, size_t *cap, size_t bytes) {
+    if (bytes > *cap) {
+        void *grown = realloc(*buf, bytes);
         if (!grown) return NULL;
-        buf = grown;
-        cap = blocks;
+        *buf = grown;
+        *cap = bytes;
     }
-    return buf;
+    return *buf;
+}
+
+block_a16 *scratch_a16(int64_t blocks) {
+    static void *buf = NULL;
+    static size_t cap = 0;
+    return grow_scratch(&buf, &cap, (size_t)blocks * sizeof(block_a16));
 }
 
 /* ---- panel path: fp32 tiles on weights dequantized a panel at a time --------------------------- */

@@ -43,7 +43,6 @@
 #include "quant_blocks.h"
 #include "thread_pool.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #define G 16      /* rows per group */
@@ -214,6 +213,15 @@ AVX512_INLINE static inline __m512i pair_weights(const x16_format *f, const uint
     return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(gb + f->off_q + 32 * p)));
 }
 
+/* the 16 rows' scales for columns of sub-block s (half h of it for Q6_K's 16-column scales): d x sc */
+AVX512_INLINE static inline __m512 scales_avx512(const x16_format *f, const uint8_t *gb, __m512 d, int s, int h) {
+    if (f->nsc == 8) return _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_to_lanes(gb + f->off_sc + 16 * s)));
+    if (f->nsc == 16)
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                    _mm_loadu_si128((const __m128i *)(gb + f->off_sc + 16 * (2 * s + h))))));
+    return d;
+}
+
 /* the 16 rows' offsets for sub-block s (times each activation block's sum), for has_offset types */
 AVX512_INLINE static inline __m512 offsets_avx512(const x16_format *f, const uint8_t *gb, __m512 d, int s) {
     switch (f->type) {
@@ -257,9 +265,7 @@ AVX512_INLINE static inline void group_dot_q4_avx512(int type, const uint8_t *gw
                                                 _mm512_set1_epi32(l1), w1);
                 }
             }
-            __m512 scale = d;
-            if (f.nsc == 8) scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_to_lanes(gb + f.off_sc + 16 * s)));
-            const __m512 m = offsets_avx512(&f, gb, d, s);
+            const __m512 scale = scales_avx512(&f, gb, d, s, 0), m = offsets_avx512(&f, gb, d, s);
             for (int j = 0; j < na; j++) {
                 const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]);
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(ab[j * nb32].d)),
@@ -295,11 +301,7 @@ AVX512_INLINE static inline void group_dot_avx512(int type, const uint8_t *gw, c
                         sums[j] = _mm512_dpwssd_epi32(sums[j], wp, _mm512_set1_epi32(xp));
                     }
                 }
-                __m512 scale = d;
-                if (f.nsc == 8) scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_to_lanes(gb + f.off_sc + 16 * s)));
-                if (f.nsc == 16)
-                    scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                 _mm_loadu_si128((const __m128i *)(gb + f.off_sc + 16 * (2 * s + h))))));
+                const __m512 scale = scales_avx512(&f, gb, d, s, h);
                 for (int j = 0; j < na; j++)
                     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[j]),
                                              _mm512_mul_ps(scale, _mm512_set1_ps(ab[j * nb32].d)), acc[j]);
@@ -498,15 +500,9 @@ typedef struct {
 
 /* the split activations' buffer, reused across calls (the caller holds the pool lock) */
 static block_a8x2 *scratch_a8x2(int64_t blocks) {
-    static block_a8x2 *buf = NULL;
-    static int64_t cap = 0;
-    if (blocks > cap) {
-        block_a8x2 *grown = realloc(buf, (size_t)blocks * sizeof(block_a8x2));
-        if (!grown) return NULL;
-        buf = grown;
-        cap = blocks;
-    }
-    return buf;
+    static void *buf = NULL;
+    static size_t cap = 0;
+    return grow_scratch(&buf, &cap, (size_t)blocks * sizeof(block_a8x2));
 }
 
 /* x = 256 hi + lo for each 16-bit activation (hi signed, lo unsigned) */

@@ -2,6 +2,7 @@
  * layout) and qlinear_x16.c (rows interleaved in groups of 16). */
 #ifndef QUANT_BLOCKS_H
 #define QUANT_BLOCKS_H
+#include <stddef.h>
 #include <stdint.h>
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
@@ -47,6 +48,9 @@ static inline void q4k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
 }
 /* x (nb blocks of 32 floats) -> 16-bit blocks, with the best code the CPU runs */
 void quantize_a16(const float *x, block_a16 *y, int64_t nb);
+/* *buf grown (realloc) to at least `bytes`, *cap its size; NULL where it could not grow (a buffer reused
+ * across calls: its caller holds the pool lock) */
+void *grow_scratch(void **buf, size_t *cap, size_t bytes);
 /* the calling job's activation blocks: a buffer reused across calls (the caller holds the pool lock) */
 block_a16 *scratch_a16(int64_t blocks);
 /* the n rows of x (nb blocks of 32 floats each) quantized over the pool into scratch_a16; NULL where it
