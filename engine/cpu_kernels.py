@@ -25,6 +25,9 @@ import torch
 log = logging.getLogger(__name__)
 
 NAME = "_cpu_kernels"
+# another build of the library to load instead of the installed one: the sanitizer stage of .ci/run
+# builds one with -fsanitize=address,undefined into build/sanitize/ and points this at it
+LIBRARY_ENV = "AUTOTUNED_SERVE_CPU_KERNELS"
 
 
 ISAS = ("scalar", "avx2", "avx512")   # the library's levels of code (isa.h), each adding to the one before
@@ -90,8 +93,14 @@ class CpuLibrary:
 
 
 def library_path() -> str | None:
-    """engine/_cpu_kernels<suffix>.so next to this file (build_ext --inplace, editable installs), or
-    wherever the import system would find it (it is located, never imported: it has no Python API)."""
+    """$AUTOTUNED_SERVE_CPU_KERNELS where set, else engine/_cpu_kernels<suffix>.so next to this file
+    (build_ext --inplace, editable installs), or wherever the import system would find it (it is
+    located, never imported: it has no Python API)."""
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        if not os.path.isfile(override):
+            raise FileNotFoundError(f"{LIBRARY_ENV}={override}: no such file")
+        return override
     here = os.path.dirname(os.path.abspath(__file__))
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         found = glob.glob(os.path.join(here, NAME + suffix))
@@ -128,6 +137,8 @@ def load_library() -> CpuLibrary | None:
         library = CpuLibrary(lib, path, lib.qlin_init_threads(threads), ISAS[lib.qlin_cpu_isa()])
         return replace(library, isa=library.set_isa(isa_cap()))
     except (OSError, AttributeError) as e:
+        if os.environ.get(LIBRARY_ENV):
+            raise     # a build asked for by name (the sanitized one) must not be replaced by the fallback
         log.warning("CPU kernels in %s did not load (%s): GGUF weights are dequantized and decode attention "
                     "gathers the KV cache for SDPA", path, e)
         return None
