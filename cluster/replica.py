@@ -39,7 +39,7 @@ class Replica:
 
     async def load(self) -> ReplicaLoad:
         state = self.daemon.state
-        if state.loop is None or state.draining:
+        if state.loop is None or state.draining or state.engine_failure:
             return ReplicaLoad(healthy=False, incarnation=self.incarnation)
         queued, running = state.loop.token_load()
         return ReplicaLoad(queued, running, True, self.incarnation)
@@ -51,10 +51,12 @@ class Replica:
         return os.getpid()
 
     def check_health(self) -> None:
-        """Serve restarts a replica whose engine failed to load or whose engine thread died."""
+        """Serve restarts a replica whose engine failed to load or whose engine loop died or stuck."""
         state = self.daemon.state
         if state.load_error:
             raise RuntimeError(f"the engine failed to load: {state.load_error}")
+        if state.engine_failure:
+            raise RuntimeError(f"the engine failed: {state.engine_failure}")
         if state.loop is not None and not state.loop.alive:
             raise RuntimeError("the engine loop stopped")
 

@@ -15,3 +15,7 @@ class InvalidRequestError(EngineError, ValueError):
 
 class ModelLoadError(EngineError):
     """A model path or preset that does not exist, or a checkpoint that cannot be read."""
+
+
+class EngineFailed(EngineError):
+    """The engine stopped serving for good (its loop died or stuck); the process should exit and be restarted."""

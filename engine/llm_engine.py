@@ -133,12 +133,13 @@ class LLMEngine:
             raise InvalidRequestError(f"the request needs {needed} KV blocks but the whole pool has "
                                       f"{self.block_manager.num_blocks}; lower max_tokens or the prompt", "max_tokens")
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request and free its KV; False if it is unknown or already finished."""
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> bool:
+        """Stop a request and free its KV (counted as `reason`: ERROR where the server failed it rather
+        than the client leaving); False if it is unknown or already finished."""
         request = self.requests.get(request_id)
         if request is None or request.is_finished:
             return False
-        self._finish(request, FinishReason.ABORT)
+        self._finish(request, reason)
         self.requests.pop(request_id)
         self._detokenizers.pop(request_id)
         return True

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.engine_loop import EngineLoop, QueueFullError
-from engine.errors import EngineError, InvalidRequestError
+from engine.errors import EngineError, EngineFailed, InvalidRequestError
 from engine.llm_engine import LLMEngine
 from serving.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
 from engine.outputs import RequestOutput
@@ -42,6 +42,7 @@ class ApiConfig:
     retry_after_s: int = 1
     api_key: str | None = None              # required on /admin whenever set
     slo_classes: SloClasses = field(default_factory=shipped_slo_classes)   # what `slo_class` may name
+    engine_stall_s: float | None = 120.0    # a step running longer is the engine's death (None: never)
 
 
 class ApiError(Exception):
@@ -73,7 +74,7 @@ class ServerState:
     def _load(self) -> None:
         try:
             engine = self._load_engine()
-            loop = EngineLoop(engine, self.config.max_waiting)
+            loop = EngineLoop(engine, self.config.max_waiting, self.config.engine_stall_s)
             loop.start()
             self.loop = loop
             self.ready.set()
@@ -82,13 +83,25 @@ class ServerState:
             log.debug("the engine failed to load", exc_info=True)
             self.load_error = one_line_reason(e)
 
+    @property
+    def engine_failure(self) -> str | None:
+        """Why the engine loop died (the process is exiting), or None."""
+        return self.loop.failure if self.loop is not None else None
+
     def require_loop(self) -> EngineLoop:
+        if self.engine_failure:
+            raise engine_failed(self.engine_failure)
         if self.draining:
             raise ApiError(503, "the server is shutting down", "service_unavailable", code="shutting_down")
         if self.loop is None:
             message = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
             raise ApiError(503, message, "service_unavailable", code="not_ready", headers={"Retry-After": "5"})
         return self.loop
+
+
+def engine_failed(reason: str) -> ApiError:
+    return ApiError(503, f"the engine failed ({reason}); the server is restarting", "service_unavailable",
+                    code="engine_failed", headers={"Retry-After": "5"})
 
 
 def one_line_reason(e: Exception) -> str:
@@ -104,6 +117,8 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        if state.engine_failure:
+            return JSONResponse({"status": "failed", "error": state.engine_failure}, 503)
         if state.ready.is_set() and not state.draining:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "draining" if state.draining else "loading", "error": state.load_error}, 503)
@@ -172,6 +187,8 @@ async def _outputs(http: HttpRequest, loop: EngineLoop, request: Request) -> Asy
     except QueueFullError as e:
         raise ApiError(429, str(e), "rate_limit_error", code="queue_full",
                        headers={"Retry-After": str(1)}) from e
+    except EngineFailed as e:
+        raise engine_failed(str(e)) from e
     finished = False
     try:
         while not finished:

@@ -8,9 +8,10 @@ import sys
 
 from serving import cli_tuning
 from serving.cli_tuning import WEIGHTS_HELP
-from engine.errors import EngineError
+from engine.errors import EngineError, EngineFailed
 
 
+EXIT_ENGINE_FAILED = 3   # the engine died while serving: restarting helps (2, a bad model or setting, it does not)
 PLUGIN_GROUP = "autotuned_serve.commands"   # entry points adding subcommands (cluster/cli.py: `cluster`)
 
 
@@ -96,6 +97,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=None, help="queued requests beyond this get 429 (default 256)")
     p.add_argument("--api-key", default=None, help="key for /admin (default: AUTOTUNED_SERVE_API_KEY)")
     p.add_argument("--grace-s", type=float, default=None, help="on SIGTERM, how long in-flight requests may finish")
+    p.add_argument("--engine-stall-s", type=float, default=None,
+                   help="an engine step running longer than this is the engine's death: open requests end with "
+                   "an error and the daemon exits 3 for its supervisor to restart it (default 120; 0: never)")
     p.add_argument("--slo-classes", default=None, help="YAML file of the SLO classes requests may name "
                    "(default configs/slo_classes.yaml; the config's `slo` re-targets the default class)")
     p.add_argument("--state-dir", default=None, help="where tuner state lives (default ./state)")
@@ -243,18 +247,29 @@ def run_serve(args: argparse.Namespace) -> None:
     from serving.settings import load_settings
 
     overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "weights", "device", "policy",
-                                               "kv_cache_memory_mb", "kv_cache_dtype", "max_waiting", "api_key", "grace_s", "state_dir", "tune",
+                                               "kv_cache_memory_mb", "kv_cache_dtype", "max_waiting", "api_key", "grace_s", "engine_stall_s", "state_dir", "tune",
                                                "slo_classes", "calibrate", "calibration_budget_s", "prefix_caching")}
     settings = load_settings(args.config, overrides)
     if args.token_budget:
         settings.knobs = {**settings.knobs, "token_budget": args.token_budget}
         settings.validate()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    enable_stack_dumps()
     run_daemon(DaemonConfig(settings.engine_config(), settings.api_config(served_model_name(settings.model)),
                             settings.host, settings.port, settings.grace_s, settings.slo_values(),
                             settings.peak_flops, settings.peak_bandwidth, tune=settings.tune,
                             state_dir=settings.state_dir, calibrate=settings.calibrate,
                             calibration_budget_s=settings.calibration_budget_s))
+
+
+def enable_stack_dumps() -> None:
+    """A crash in native code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) prints every thread's Python stack
+    to stderr before the process dies; `kill -USR1 PID` prints them from a live daemon (a stuck step)."""
+    import faulthandler
+    import signal
+
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def served_model_name(model: str | None) -> str:
@@ -298,6 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run_serve(args)
         return 0
+    except EngineFailed as e:
+        print(f"autotuned-serve: error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # exit now: a thread stuck in a C kernel, or native pools mid-work, can hang or abort interpreter
+        # teardown; the supervisor must see this status, and promptly
+        os._exit(EXIT_ENGINE_FAILED)
     except (EngineError, ValueError) as e:
         print(f"autotuned-serve: error: {e}", file=sys.stderr)
         return 2

@@ -4,6 +4,13 @@ Handlers make (tokenize + validate) a request on their own thread, submit it wit
 receives every RequestOutput, and may abort it. The loop thread alone touches engine state: it
 drains submissions and aborts between steps, steps while there is work, and sleeps on the inbox
 when idle.
+
+A failure the loop can contain (a step that raised outside any one request) fails the requests in
+flight and the loop goes on. One it cannot (an exception escaping that containment, the same
+failure MAX_FAILURES_IN_A_ROW times running, the thread gone, or a step stuck past `stall_s`) is
+the loop's death: `failure` says why, every open request ends with an error output, submissions
+are refused, and the server (serving/http_server.py) exits non-zero so a supervisor restarts it.
+A watchdog thread notices the deaths the loop cannot report itself (gone, stuck).
 """
 
 from __future__ import annotations
@@ -11,15 +18,19 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
+from engine.errors import EngineFailed
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
-from engine.request import Request
+from engine.request import FinishReason, Request
 
 log = logging.getLogger(__name__)
 
 Sink = Callable[[RequestOutput], None]
+MAX_FAILURES_IN_A_ROW = 3      # contained failures with no good iteration between: the engine is broken
+WATCHDOG_PERIOD_S = 0.5
 
 
 class QueueFullError(RuntimeError):
@@ -27,28 +38,36 @@ class QueueFullError(RuntimeError):
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, max_waiting: int = 256) -> None:
+    def __init__(self, engine: LLMEngine, max_waiting: int = 256, stall_s: float | None = None) -> None:
+        """`stall_s`: a step running longer than this is the loop's death (None: never)."""
         self.engine = engine
         self.max_waiting = max_waiting
+        self.stall_s = stall_s
+        self.failure: str | None = None   # why the loop died; None while it serves
+        self.on_failure: list[Callable[[str], None]] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._pending = 0                 # submitted, not yet moved into the engine
         self._pending_tokens = 0          # ... and their prompt tokens
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._beat = time.monotonic()     # the start of the loop's latest iteration
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
 
     def start(self) -> None:
+        self._beat = time.monotonic()
         self._thread.start()
+        self._watchdog.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
         self._inbox.put(("wake", None, None))
-        self._thread.join(timeout)
+        self._thread.join(1.0 if self.failure else timeout)   # a stuck thread is left to the process's exit
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and self.failure is None
 
     @property
     def num_waiting(self) -> int:
@@ -68,12 +87,14 @@ class EngineLoop:
         return sum(map(_work_left, waiting)) + self._pending_tokens, sum(map(_work_left, running))
 
     def submit(self, request: Request, sink: Sink) -> None:
-        with self._lock:
+        with self._lock:   # held through the put: a death after this check still finds the request in the inbox
+            if self.failure is not None:
+                raise EngineFailed(self.failure)
             if self.num_waiting >= self.max_waiting:
                 raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests); retry later")
             self._pending += 1
             self._pending_tokens += _work_left(request)
-        self._inbox.put(("add", request, sink))
+            self._inbox.put(("add", request, sink))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id, None))
@@ -81,16 +102,31 @@ class EngineLoop:
     def abort_all(self) -> None:
         self._inbox.put(("abort_all", None, None))
 
+    # -- the loop thread --
     def _run(self) -> None:
-        while not self._stopping.is_set():
+        try:
+            self._serve()
+        except BaseException as e:   # noqa: BLE001 (anything that got out is the loop's death, reported)
+            log.critical("the engine loop died", exc_info=True)
+            self._die(f"{type(e).__name__}: {' '.join(str(e).split())}"[:500])
+
+    def _serve(self) -> None:
+        failures = 0
+        while not self._stopping.is_set() and self.failure is None:   # a loop declared dead (stuck) stops
+            self._beat = time.monotonic()
             try:
                 self._drain(block=not self.engine.has_unfinished())
                 if self.engine.has_unfinished():
                     self._deliver(self.engine.step())
-            except Exception:  # a bug outside any one request: fail what is in flight, keep serving
-                log.exception("engine step failed outside a request; aborting in-flight requests")
+                failures = 0
+            except Exception:
+                failures += 1
+                if failures >= MAX_FAILURES_IN_A_ROW:
+                    raise
+                # a bug outside any one request: fail what is in flight (if that raises too, the loop dies)
+                log.exception("engine step failed outside a request; failing in-flight requests")
                 for request_id in list(self._sinks):
-                    self._abort(request_id)
+                    self._end(request_id, FinishReason.ERROR)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -112,21 +148,21 @@ class EngineLoop:
             except Exception:  # a duplicate id: fail that client only
                 log.exception("could not queue request %s", payload.request_id)
                 self._sinks.pop(payload.request_id)
-                sink(RequestOutput(payload.request_id, [], "", "", [], payload.num_prompt_tokens, True, "error"))
+                sink(_error_output(payload.request_id, payload.num_prompt_tokens, []))
         elif kind == "abort":
-            self._abort(payload)
+            self._end(payload, FinishReason.ABORT)
         elif kind == "abort_all":
             for request_id in list(self._sinks):
-                self._abort(request_id)
+                self._end(request_id, FinishReason.ABORT)
 
-    def _abort(self, request_id: str) -> None:
+    def _end(self, request_id: str, reason: FinishReason) -> None:
         request = self.engine.requests.get(request_id)
-        if request is None or not self.engine.abort(request_id):
+        if request is None or not self.engine.abort(request_id, reason):
             return
         sink = self._sinks.pop(request_id, None)
         if sink:
             sink(RequestOutput(request_id, [], "", "", list(request.output_token_ids), request.num_prompt_tokens,
-                               True, "abort"))
+                               True, reason.value))
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -137,6 +173,48 @@ class EngineLoop:
                 sink(out)
             except Exception:  # a broken consumer must not stop the loop
                 log.exception("delivering output of %s failed", out.request_id)
+
+    # -- death --
+    def _watch(self) -> None:
+        """Deaths the loop cannot report: its thread gone without a word, or stuck inside a step."""
+        while not self._stopping.wait(WATCHDOG_PERIOD_S) and self.failure is None:
+            if not self._thread.is_alive():
+                self._die("the engine loop thread is gone")
+            elif self.stall_s and time.monotonic() - self._beat > self.stall_s:
+                log.critical("the engine loop is stuck in a step for over %.0f s", self.stall_s)
+                self._die(f"the engine loop has not finished a step in {self.stall_s:.0f} s")
+
+    def _die(self, reason: str) -> None:
+        """Once, from any thread: record why, end every open request and queued submission with an
+        error output (streams get an error chunk, others a 500), then tell the listeners."""
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = reason
+        log.critical("engine loop failed: %s; ending %d open requests", reason, self.num_unfinished)
+        ended = [(sink, request_id, self.engine.requests.get(request_id)) for request_id, sink in list(self._sinks.items())]
+        self._sinks.clear()
+        while True:
+            try:
+                kind, request, sink = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                ended.append((sink, request.request_id, request))
+        with self._lock:
+            self._pending = self._pending_tokens = 0
+        for sink, request_id, request in ended:
+            tokens, prompt = (list(request.output_token_ids), request.num_prompt_tokens) if request else ([], 0)
+            try:
+                sink(_error_output(request_id, prompt, tokens))
+            except Exception:
+                log.exception("ending request %s failed", request_id)
+        for listener in self.on_failure:
+            listener(reason)
+
+
+def _error_output(request_id: str, prompt_tokens: int, tokens: list[int]) -> RequestOutput:
+    return RequestOutput(request_id, [], "", "", tokens, prompt_tokens, True, FinishReason.ERROR.value)
 
 
 def _work_left(request: Request) -> int:

@@ -13,10 +13,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from serving.api_server import ApiConfig, ServerState, build_app
-from engine.errors import ModelLoadError
+from engine.errors import EngineFailed, ModelLoadError
 from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
+FAILED_SHUTDOWN_S = 3    # after the engine's death: the longest wait for open responses (they were ended)
 
 
 def is_loopback(host: str) -> bool:
@@ -68,19 +69,26 @@ def serve(load_engine: Callable[[], LLMEngine], api: ApiConfig, host: str, port:
     DrainingServer(config, state).run()
     if state.load_error:
         raise ModelLoadError(f"cannot load model {api.served_model_name}: {state.load_error}")
+    if state.engine_failure:
+        raise EngineFailed(f"the engine failed: {state.engine_failure}")
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn re-raises SIGTERM after its graceful shutdown, so the process dies by the signal;
     a daemon that drained cleanly should exit 0 instead. A second signal forces the exit. A model
     that failed to load stops the server: it would never serve, and only a non-zero exit tells the
-    supervisor (systemd, Kubernetes) so, where /health answering 503 reads as still loading."""
+    supervisor (systemd, Kubernetes) so, where /health answering 503 reads as still loading. So does
+    the engine loop's death, within a few seconds: its open requests have been ended with errors."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self.state = state
 
     async def on_tick(self, counter: int) -> bool:
+        if self.state.engine_failure:
+            self.config.timeout_graceful_shutdown = min(self.config.timeout_graceful_shutdown or FAILED_SHUTDOWN_S,
+                                                        FAILED_SHUTDOWN_S)
+            return True
         return self.state.load_error is not None or await super().on_tick(counter)
 
     @contextlib.contextmanager

@@ -42,6 +42,7 @@ class Settings:
     max_body_bytes: int = 1 << 20
     default_max_tokens: int = 256
     grace_s: float = 30.0
+    engine_stall_s: float = 120.0     # a step running longer is the engine's death: the daemon exits (0: never)
     policy: str = "deadline"          # steps sized to the running requests' TBT slack (policies/deadline.py)
     knobs: dict[str, Any] = field(default_factory=lambda: {"token_budget": 2048})   # a cap: deadline sizes steps by time
     slo: dict[str, float] = field(default_factory=dict)    # the default SLO class's targets (ttft_s, tbt_s)
@@ -90,7 +91,7 @@ class Settings:
         return ApiConfig(served_model_name=served_model_name, max_waiting=self.max_waiting,
                          max_body_bytes=self.max_body_bytes, default_max_tokens=self.default_max_tokens,
                          api_key=self.api_key or os.environ.get("AUTOTUNED_SERVE_API_KEY"),
-                         slo_classes=self.slo_class_values())
+                         slo_classes=self.slo_class_values(), engine_stall_s=self.engine_stall_s or None)
 
     def validate(self) -> "Settings":
         try:
@@ -107,6 +108,8 @@ class Settings:
         for name in ("port", "max_waiting", "block_size", "max_token_budget"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be positive")
+        if self.engine_stall_s < 0:
+            raise SettingsError("engine_stall_s must be 0 (off) or positive")
         if not self.calibration_budget_s > 0:
             raise SettingsError("calibration_budget_s must be positive (--no-calibrate skips the calibration)")
         return self
