@@ -3,8 +3,8 @@
 
 With the weights on 4-bit kernels a SmolLM2 decode step at batch 1 spent about as long in each layer's
 module dispatch, argument checks, ctypes calls and small torch ops as in its matmuls; the C layer
-runs the same kernels back to back. It applies where every layer's projections are single quantized
-matrices without bias (as the loader merges a GGUF's q/k/v and gate/up of one type), the model runs in
+runs the same kernels back to back. It applies where every layer's projections are quantized (a fused
+q/k/v or gate/up of up to 3 parts, which may differ in type; a bias, as Qwen2's q/k/v), the model runs in
 fp32 on the CPU with the library's AVX2 code, the step is decodes only on the CPU attention backend,
 and the step's rows stay on the quantized kernels. Anything else takes the model's Python path.
 """
@@ -27,8 +27,15 @@ class QMatrix(ctypes.Structure):
     _fields_ = [("type", c_int), ("interleaved", c_int), ("w", c_ptr), ("rows", c_i64), ("cols", c_i64)]
 
 
+MAX_PARTS = 3   # decode_layer.c's
+
+
+class QProj(ctypes.Structure):
+    _fields_ = [("part", QMatrix * MAX_PARTS), ("nparts", c_int), ("bias", c_ptr), ("rows", c_i64)]
+
+
 class LayerParams(ctypes.Structure):
-    _fields_ = [("qkv", QMatrix), ("o", QMatrix), ("gate_up", QMatrix), ("down", QMatrix),
+    _fields_ = [("qkv", QProj), ("o", QProj), ("gate_up", QProj), ("down", QProj),
                 ("post_norm", c_ptr), ("next_norm", c_ptr), ("eps", c_float), ("hidden", c_i64), ("heads", c_i64),
                 ("kv_heads", c_i64), ("head_dim", c_i64), ("inter", c_i64)]
 
@@ -39,14 +46,13 @@ class DecodeStep(ctypes.Structure):
                 ("qkv", c_ptr), ("q", c_ptr), ("attn", c_ptr), ("proj", c_ptr), ("gate_up", c_ptr), ("act", c_ptr)]
 
 
-def qmatrix(linear: torch.nn.Module) -> QMatrix | None:
-    """The C view of a projection the layer kernel can run: one quantized part, no bias, fp32."""
-    if not isinstance(linear, QuantizedLinear) or len(linear.parts) != 1 or linear.bias is not None:
+def qproj(linear: torch.nn.Module) -> QProj | None:
+    """The C view of a projection the layer kernel can run: up to MAX_PARTS quantized parts, fp32."""
+    if not isinstance(linear, QuantizedLinear) or len(linear.parts) > MAX_PARTS or linear.dtype != torch.float32:
         return None
-    if linear.dtype != torch.float32:
-        return None
-    w = linear.parts[0]
-    return QMatrix(w.qtype, int(w.interleaved), w.data.data_ptr(), w.rows, w.cols)
+    parts = [QMatrix(w.qtype, int(w.interleaved), w.data.data_ptr(), w.rows, w.cols) for w in linear.parts]
+    bias = 0 if linear.bias is None else linear.bias.data_ptr()
+    return QProj((QMatrix * MAX_PARTS)(*parts), len(parts), bias, linear.out_features)
 
 
 @dataclass
@@ -69,7 +75,7 @@ class CpuDecodeLayers:
         params = []
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
-            mats = [qmatrix(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            mats = [qproj(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
             if any(m is None for m in mats):
                 return None
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.model.norm

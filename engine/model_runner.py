@@ -189,7 +189,7 @@ def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: di
     interleaved: dict[int, QuantizedTensor] = {}   # a tied LM head and the embeddings share one tensor
     fused = fuse_quantized(checkpoint.quantized, checkpoint.config)
     # the embeddings last: they take the head's interleaved rows where tied, else stay in GGUF's layout (a
-    # lookup dequantizes a few rows either way, and interleaving widens Q5_0/Q5_K/Q6_K)
+    # lookup dequantizes a few rows either way, and an untied table is never multiplied)
     for name, parts in sorted(fused.items(), key=lambda item: item[0] == "model.embed_tokens"):
         if name == "model.embed_tokens":
             parts = [interleaved.get(id(p), p) for p in parts]

@@ -36,8 +36,8 @@ QUANT_TYPES: dict[int, tuple[str, int, int]] = {
     2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
     13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
 # GGML type id -> bytes per row and block on interleaved rows (engine/csrc/qlinear_x16.c): GGUF's own for
-# Q4_0/Q4_1/Q8_0; Q4_K's 6-bit scales and mins take a byte each; Q5_0/Q5_K/Q6_K's quants are widened to int8
-INTERLEAVED_BLOCK_BYTES: dict[int, int] = {2: 18, 3: 20, 6: 34, 8: 34, 12: 148, 13: 276, 14: 274}
+# Q4_0/Q4_1/Q5_0/Q8_0/Q6_K; Q4_K's and Q5_K's 6-bit scales and mins take a byte each
+INTERLEAVED_BLOCK_BYTES: dict[int, int] = {2: 18, 3: 20, 6: 22, 8: 34, 12: 148, 13: 180, 14: 210}
 INTERLEAVE_ROWS = 16
 SCRATCH_FLOATS = 1 << 22   # dense path: dequantize at most 16 MB of fp32 weights at a time
 PANEL_ROWS = 8             # the library's default: calls of this many rows or more take its fp32 panel path

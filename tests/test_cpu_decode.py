@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.cpu_decode import CpuDecodeLayers
 from engine.cpu_kernels import fast_library, load_library
 from engine.model import RMSNorm
 from engine.sampling_params import SamplingParams
@@ -22,14 +23,26 @@ ONE_TYPE = {"token_embd.weight": "Q8_0", "output.weight": "Q8_0", "attn_q.weight
             "ffn_down.weight": "Q4_1"}
 
 
-@pytest.fixture(scope="module")
-def uniform_gguf(tiny_hf, tmp_path_factory):
-    """The tiny Llama as a GGUF whose fused projections have one type each (so the loader merges them)."""
+MIXED = dict(ONE_TYPE, **{"attn_v.weight": "Q8_0"})  # q/k Q4_1 beside v Q8_0: a fused q/k/v of two parts
+
+
+def tiny_gguf(tiny_hf, tmp_path_factory, types: dict[str, str]) -> str:
+    """The tiny Llama as a GGUF of these types (fused projections of one type are merged by the loader)."""
     from gguf import GGMLQuantizationType as T
     from tests.gguf_writer import write_gguf
-    path = str(tmp_path_factory.mktemp("ugguf") / "tiny-uniform.gguf")
-    write_gguf(tiny_hf[1], path, {k: int(T[t]) for k, t in ONE_TYPE.items()})
+    path = str(tmp_path_factory.mktemp("ugguf") / "tiny.gguf")
+    write_gguf(tiny_hf[1], path, {k: int(T[t]) for k, t in types.items()})
     return path
+
+
+@pytest.fixture(scope="module")
+def uniform_gguf(tiny_hf, tmp_path_factory):
+    return tiny_gguf(tiny_hf, tmp_path_factory, ONE_TYPE)
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tiny_hf, tmp_path_factory):
+    return tiny_gguf(tiny_hf, tmp_path_factory, MIXED)
 
 
 def greedy(engine, prompts: list[list[int]], tokens: int = 16) -> list[list[int]]:
@@ -42,15 +55,25 @@ def greedy(engine, prompts: list[list[int]], tokens: int = 16) -> list[list[int]
 
 
 @pytest.mark.skipif(fast_library() is None, reason="the layer kernel runs where the AVX2 code does")
-def test_decode_steps_give_the_python_paths_logits(uniform_gguf, monkeypatch):
+@pytest.mark.parametrize("variant", ["one type", "mixed types", "qkv bias"])
+def test_decode_steps_give_the_python_paths_logits(uniform_gguf, mixed_gguf, variant, monkeypatch):
     prompts = [[5, 6, 7], [9] * 11, [40, 41, 42, 43, 44, 45, 46]]
-    engine = make_engine(uniform_gguf, weights="quantized", quantized_max_rows=64, enable_prefix_caching=False)
+    path = mixed_gguf if variant == "mixed types" else uniform_gguf
+    engine = make_engine(path, weights="quantized", quantized_max_rows=64, enable_prefix_caching=False)
     model = engine.runner.model
     with torch.no_grad():      # distinct norms (in place: the C layers read these very tensors)
         for i, norm in enumerate(m for m in model.modules() if isinstance(m, RMSNorm)):
             norm.weight.copy_(torch.linspace(0.5, 1.5, norm.weight.numel()).roll(i))
+    if variant == "qkv bias":  # as Qwen2's: the layers read the bias where the loader put it
+        g = torch.Generator().manual_seed(1)
+        for layer in model.model.layers:
+            qkv = layer.self_attn.qkv_proj
+            qkv.bias = torch.randn(qkv.out_features, generator=g)
+        model.decode_layers = CpuDecodeLayers.build(model)
     layers = model.decode_layers
     assert layers is not None
+    if variant == "mixed types":
+        assert len(model.model.layers[0].self_attn.qkv_proj.parts) == 2
     runs, logits = [], []
     original = type(layers).run
     monkeypatch.setattr(type(layers), "run", lambda self, *a: runs.append(a[0].shape[0]) or original(self, *a))
@@ -65,13 +88,9 @@ def test_decode_steps_give_the_python_paths_logits(uniform_gguf, monkeypatch):
         torch.testing.assert_close(fast_step, slow_step, rtol=1e-4, atol=2e-4)   # 16-bit activation rounding of SiLU outputs a last bit apart
 
 
-def test_mixed_types_and_prefill_steps_take_the_python_path(tiny_hf, tmp_path):
-    from gguf import GGMLQuantizationType as T
-    from tests.gguf_writer import write_gguf
-    mixed = dict(ONE_TYPE, **{"attn_v.weight": "Q8_0"})  # q/k Q4_1 beside v Q8_0: two parts, no single matrix
-    path = str(tmp_path / "mixed.gguf")
-    write_gguf(tiny_hf[1], path, {k: int(T[t]) for k, t in mixed.items()})
-    assert make_engine(path, weights="quantized", quantized_max_rows=64).runner.model.decode_layers is None
+def test_prefill_steps_and_dense_weights_take_the_python_path(uniform_gguf, tiny_hf):
+    layers = make_engine(uniform_gguf, weights="quantized", quantized_max_rows=64).runner.model.decode_layers
+    assert layers is not None and not layers.applies(object(), 3)           # not the CPU backend's decode step
     assert make_engine(tiny_hf[0]).runner.model.decode_layers is None          # dense weights
 
 

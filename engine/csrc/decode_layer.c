@@ -21,8 +21,18 @@ typedef struct {
     int64_t rows, cols;
 } qmatrix;
 
+/* a projection: up to 3 row blocks of its output (a fused q/k/v or gate/up whose parts differ in type, as
+ * in a Q4_K_M file's Q6_K v beside Q4_K q and k), plus an optional bias */
+#define MAX_PARTS 3
 typedef struct {
-    qmatrix qkv, o, gate_up, down;
+    qmatrix part[MAX_PARTS];
+    int nparts;
+    const float *bias;       /* [rows] or NULL */
+    int64_t rows;            /* the parts' rows together */
+} qproj;
+
+typedef struct {
+    qproj qkv, o, gate_up, down;
     const float *post_norm;  /* post_attention_layernorm weight */
     const float *next_norm;  /* the next layer's input_layernorm weight (the model's final norm after the last) */
     float eps;
@@ -41,8 +51,20 @@ typedef struct {
                                                       [n, hidden], [n, 2 inter], [n, inter] */
 } decode_step;
 
-static int matmul(const qmatrix *m, const float *x, int64_t n, float *y) {
-    return (m->interleaved ? qlin_x16_matmul : qlin_matmul)(m->type, m->w, m->rows, m->cols, x, n, y, m->rows);
+/* y [n, rows] = x @ W^T (+ bias) */
+static int matmul(const qproj *p, const float *x, int64_t n, float *y) {
+    int64_t col0 = 0;
+    for (int k = 0; k < p->nparts; k++) {
+        const qmatrix *m = &p->part[k];
+        const int rc = (m->interleaved ? qlin_x16_matmul : qlin_matmul)(m->type, m->w, m->rows, m->cols, x, n,
+                                                                       y + col0, p->rows);
+        if (rc) return rc;
+        col0 += m->rows;
+    }
+    if (p->bias)
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t i = 0; i < p->rows; i++) y[r * p->rows + i] += p->bias[i];
+    return 0;
 }
 
 /* ---- SiLU(gate) * up: x / (1 + e^-x) ----------------------------------------------------------- */

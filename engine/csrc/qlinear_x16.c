@@ -15,24 +15,30 @@
  *     uint8  sc[n][16]        K-quants: sub-block scales, unpacked from 6 bits (Q4_K/Q5_K, one per 32
  *                             columns) or int8 (Q6_K, one per 16 columns)
  *     uint8  mn[8][16]        Q4_K/Q5_K: sub-block mins, unpacked from 6 bits
- *     4 bits (Q4_0, Q4_1, Q4_K):               uint8 q[cols / 8][16][4]   byte i of row r in chunk m: column
- *                                              8m + i in the low nibble, 8m + 4 + i in the high one
- *     8 bits (Q8_0; Q5_0, Q5_K, Q6_K widened): int8  q[pairs][16][2]
+ *     4, 5 and 6 bits (Q4_0, Q4_1, Q4_K; Q5_0, Q5_K; Q6_K), per sub-block of 32 columns:
+ *         uint8 q[4][16][4]    the low 4 bits in chunks of 8 columns: byte i of row r in chunk m holds
+ *                              column 8m + i in its low nibble, 8m + 4 + i in its high one
+ *         uint8 qh[hb][16][4]  5 and 6 bits: the hb = bits - 4 high bits; a 64-byte vector covers
+ *                              k = 4 / hb chunks, byte i of row r holding, for chunk m (m' = m % k),
+ *                              column 8m + i's in field 2m' and 8m + 4 + i's in field 2m' + 1 (fields
+ *                              of hb bits from bit 0). Beside its sub-block's nibbles, so that a decode
+ *                              step reads one stream: with all high bits after all nibbles, the two
+ *                              streams of a K-quant's group block read from memory at half the rate.
+ *     8 bits (Q8_0):                     int8  q[pairs][16][2]
  *
- * So a weight is q * scale + offset: scale d (times the sub-block's sc for K-quants), offset -8 d for
- * Q4_0, m for Q4_1, -dmin mn for Q4_K/Q5_K, none for the others. Q5_0's and Q6_K's quants are stored
- * as int8 with their bias taken off (q - 16, q - 32), Q5_K's as they are (0..31): the same integers,
- * widened from 5 and 6 bits at load because unpacking them costs more than the bytes saved. On a 2-core
- * Zen 4 a batch-1 step on 5- and 6-bit interleaved quants took 3x the time of 4 or 8 bits: there a
- * decode step is bound by the instructions that unpack the weights, not by memory. The bytes are GGUF's
- * own count for 4 and 8 bits, except Q4_K's, whose 12 bytes of packed 6-bit scales per row take 16
- * (+2.8%); Q5_0 grows by 55%, Q5_K by 57%, Q6_K by 30% (INTERLEAVED_BLOCK_BYTES in quantized_linear.py).
+ * So a weight is (q - bias) * scale + offset: scale d (times the sub-block's sc for K-quants), bias 16
+ * for Q5_0 and 32 for Q6_K (GGUF's unsigned integers, kept), offset -8 d for Q4_0, m for Q4_1, -dmin mn
+ * for Q4_K/Q5_K, none for the others. The bytes are GGUF's own count except Q4_K's and Q5_K's, whose 12
+ * bytes of packed 6-bit scales and mins per row take 16 (+2.8%, +2.3%; INTERLEAVED_BLOCK_BYTES in
+ * quantized_linear.py). 5- and 6-bit weights were once widened to int8 (+55% bytes for Q5_0, +30% for
+ * Q6_K) because unpacking them to 16 bits cost more than the bytes saved; on the byte products below a
+ * chunk's high bits take one shift and one vpternlogd each, and a decode step streams GGUF's bytes.
  *
- * Activations are quantized per block of 32 to 16 bits as in qlinear.c. 4-bit weights meet them as bytes:
+ * Activations are quantized per block of 32 to 16 bits as in qlinear.c. 4- to 6-bit weights meet them as bytes:
  * a 64-byte chunk is 16 rows x 8 columns, whose low nibbles (one AND) are 16 rows x 4 columns with a
  * row's 4 weights in one 32-bit lane, the operand of vpdpbusd (4 byte products per lane). A 16-bit
  * activation x = 256 hi + lo (hi signed, lo unsigned) takes two: vpdpbusd(w as u8, hi as s8) and
- * vpdpbusd(lo as u8, w as s8), exact in int32. That is a third of the instructions of widening each
+ * vpdpbusd(lo as u8, w as s8), exact in int32 (w < 64). That is a third of the instructions of widening each
  * pair of nibbles to 16 bits for vpdpwssd (8-bit weights still take that path): a batch-1 decode step,
  * bound by unpacking instructions rather than memory on 2 cores, runs in about half the time. Where the
  * CPU lacks AVX-512 VNNI, AVX2 code computes the same sums with vpmaddwd on two halves of 8 rows, and
@@ -47,16 +53,18 @@
 
 #define G 16      /* rows per group */
 
-/* a 16-bit activation block split into bytes, x = 256 hi + lo (the 4-bit VNNI kernel's operands) */
-typedef struct { float d, s; uint8_t lo[32]; int8_t hi[32]; } block_a8x2;
+/* a 16-bit activation block split into bytes, x = 256 hi + lo (the byte-product VNNI kernel's operands);
+ * sh: the sums of its two halves of 16, d x sum(qs) (Q6_K's bias meets 16-column scales) */
+typedef struct { float d, s, sh[2]; uint8_t lo[32]; int8_t hi[32]; } block_a8x2;
 #define NA_X16 8  /* activation rows per pass over a group's weights */
 
 typedef struct {
-    int type, be, bits;  /* columns per group block (32 or 256); bits per stored quant: 4 or 8 */
-    int bias;            /* taken off GGUF's integers at repacking: 16 for Q5_0, 32 for Q6_K */
+    int type, be, bits;  /* columns per group block (32 or 256); bits per stored quant: 4, 5, 6 or 8 */
+    int bias;            /* GGUF's unsigned integers' zero: 16 for Q5_0, 32 for Q6_K */
     int nsc, mins;       /* sub-scales per row and group block (0, 8 or 16); Q4_K/Q5_K's per-sub-block mins */
     int has_m;           /* a second fp16 per row: Q4_1's offset, or a K-quant's dmin */
     int64_t off_m, off_sc, off_mn, off_q, gbb;  /* field offsets; bytes per group block */
+    int64_t sbb;         /* bytes of quants per sub-block of 32 columns (16 rows): 64 x bits */
 } x16_format;
 
 int qlin_x16_supported(int type) {
@@ -67,8 +75,8 @@ int qlin_x16_supported(int type) {
 }
 
 static x16_format format_of(int type) {
-    x16_format f = {type, block_elems(type), 4, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    f.bits = (type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K) ? 4 : 8;
+    x16_format f = {type, block_elems(type), 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    f.bits = type == T_Q8_0 ? 8 : (type == T_Q5_0 || type == T_Q5_K) ? 5 : type == T_Q6_K ? 6 : 4;
     f.bias = type == T_Q5_0 ? 16 : type == T_Q6_K ? 32 : 0;
     f.nsc = (type == T_Q4_K || type == T_Q5_K) ? 8 : type == T_Q6_K ? 16 : 0;
     f.mins = type == T_Q4_K || type == T_Q5_K;
@@ -77,6 +85,7 @@ static x16_format format_of(int type) {
     f.off_sc = f.off_m + (f.has_m ? 2 * G : 0);
     f.off_mn = f.off_sc + f.nsc * G;
     f.off_q = f.off_mn + (f.mins ? 8 * G : 0);
+    f.sbb = 64 * f.bits;
     f.gbb = f.off_q + (int64_t)f.be * G * f.bits / 8;
     return f;
 }
@@ -98,17 +107,38 @@ static int check_shape(int type, int64_t rows, int64_t cols) {
 /* ---- portable code: the layout spelled out (repacking, dequantization, reference sums) --------- */
 
 /* 4 bits: the byte holding column c of row `lane` (chunks of 8 columns, 4 bytes a row; c % 8 >= 4 high) */
-static inline int64_t nibble_byte(int lane, int c) { return (int64_t)(c / 8) * 4 * G + lane * 4 + c % 4; }
+static inline int64_t nibble_byte(const x16_format *f, int lane, int c) {
+    return c / 32 * f->sbb + (c % 32 / 8) * 4 * G + lane * 4 + c % 4;
+}
 
-/* the integer weight (q, before scale and offset) of column c of row `lane` in group block gb */
+/* 5 and 6 bits: the byte holding column c's high bits, and their place in it */
+static inline int64_t high_byte(const x16_format *f, int lane, int c) {
+    const int k = 4 / (f->bits - 4);
+    return c / 32 * f->sbb + 4 * 4 * G + (c % 32 / 8 / k) * 4 * G + lane * 4 + c % 4;
+}
+static inline int high_shift(const x16_format *f, int c) {
+    const int k = 4 / (f->bits - 4);
+    return (f->bits - 4) * (2 * (c / 8 % k) + (c % 8 >= 4));
+}
+
+/* the stored integer (GGUF's, bias not taken off) of column c of row `lane` in group block gb */
 static int x16_quant(const x16_format *f, const uint8_t *gb, int lane, int c) {
     const uint8_t *q = gb + f->off_q;
     if (f->bits == 8) return ((const int8_t *)q)[(c / 2 * G + lane) * 2 + c % 2];
-    const uint8_t v = q[nibble_byte(lane, c)];
-    return c % 8 < 4 ? v & 0xF : v >> 4;
+    const uint8_t v = q[nibble_byte(f, lane, c)];
+    const int low = c % 8 < 4 ? v & 0xF : v >> 4;
+    if (f->bits == 4) return low;
+    const int high = (q[high_byte(f, lane, c)] >> high_shift(f, c)) & ((1 << (f->bits - 4)) - 1);
+    return low | high << 4;
 }
 
-/* a sum of q x activations needs the offset term too (the types with an offset or min) */
+/* the integer weight (q - bias, before scale and offset) */
+static int x16_value(const x16_format *f, const uint8_t *gb, int lane, int c) {
+    return x16_quant(f, gb, lane, c) - f->bias;
+}
+
+/* a sum of q x activations needs the offset term too (the types with an offset or min; the 16-bit
+ * kernels' weights have their bias taken off) */
 static int has_offset(const x16_format *f) { return f->bits == 4 || f->mins; }
 
 static float x16_d(const uint8_t *gb, int lane) { return half_to_float(((const uint16_t *)gb)[lane]); }
@@ -132,13 +162,15 @@ static float x16_offset(const x16_format *f, const uint8_t *gb, int lane, int c)
     }
 }
 
-/* element c's integer (its bias taken off) into the group block */
+/* element c's integer (GGUF's) into the group block */
 static void x16_put(const x16_format *f, uint8_t *gb, int lane, int c, int v) {
     uint8_t *q = gb + f->off_q;
-    if (f->bits == 8)
-        ((int8_t *)q)[(c / 2 * G + lane) * 2 + c % 2] = (int8_t)(v - f->bias);
-    else
-        q[nibble_byte(lane, c)] |= (uint8_t)((v & 0xF) << (c % 8 < 4 ? 0 : 4));
+    if (f->bits == 8) {
+        ((int8_t *)q)[(c / 2 * G + lane) * 2 + c % 2] = (int8_t)v;
+        return;
+    }
+    q[nibble_byte(f, lane, c)] |= (uint8_t)((v & 0xF) << (c % 8 < 4 ? 0 : 4));
+    if (f->bits > 4) q[high_byte(f, lane, c)] |= (uint8_t)((v >> 4) << high_shift(f, c));
 }
 
 /* one row's GGUF block into lane `lane` of a group block: scales, then quants */
@@ -178,7 +210,7 @@ static void dequantize_row_x16(const x16_format *f, const uint8_t *w, int64_t nb
     for (int64_t b = 0; b < nb; b++, y += f->be) {
         const uint8_t *gb = w + ((row / G) * nb + b) * f->gbb;
         for (int c = 0; c < f->be; c++)
-            y[c] = (float)x16_quant(f, gb, lane, c) * x16_scale(f, gb, lane, c) + x16_offset(f, gb, lane, c);
+            y[c] = (float)x16_value(f, gb, lane, c) * x16_scale(f, gb, lane, c) + x16_offset(f, gb, lane, c);
     }
 }
 
@@ -193,7 +225,7 @@ static void group_dot_scalar(const x16_format *f, const uint8_t *gw, const block
                 const int c0 = (int)(k * QK % f->be);
                 const block_a16 *ab = a + j * nb32 + k;
                 int sum[2] = {0, 0};
-                for (int i = 0; i < QK; i++) sum[i / 16] += x16_quant(f, gb, lane, c0 + i) * ab->qs[i];
+                for (int i = 0; i < QK; i++) sum[i / 16] += x16_value(f, gb, lane, c0 + i) * ab->qs[i];
                 acc += ab->d * (x16_scale(f, gb, lane, c0) * (float)sum[0] + x16_scale(f, gb, lane, c0 + 16) * (float)sum[1]);
                 acc += x16_offset(f, gb, lane, c0) * ab->s;
             }
@@ -222,10 +254,11 @@ AVX512_INLINE static inline __m512 scales_avx512(const x16_format *f, const uint
     return d;
 }
 
-/* the 16 rows' offsets for sub-block s (times each activation block's sum), for has_offset types */
+/* the 16 rows' offsets for sub-block s (times each activation block's sum), for has_offset types and Q5_0 */
 AVX512_INLINE static inline __m512 offsets_avx512(const x16_format *f, const uint8_t *gb, __m512 d, int s) {
     switch (f->type) {
     case T_Q4_0: return _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
+    case T_Q5_0: return _mm512_mul_ps(d, _mm512_set1_ps(-16.f));   /* its bias */
     case T_Q4_1: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + f->off_m)));
     default: {  /* Q4_K/Q5_K: -dmin * mn */
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + f->off_m)));
@@ -235,11 +268,23 @@ AVX512_INLINE static inline __m512 offsets_avx512(const x16_format *f, const uin
     }
 }
 
-/* as group_dot_scalar for 4-bit types on split activations (vpdpbusd, see the top), na <= NA_X16 */
-AVX512_INLINE static inline void group_dot_q4_avx512(int type, const uint8_t *gw, const block_a8x2 *a, int64_t nb32,
-                                                     int na, float *out) {
+/* shift each 16-bit lane left by n bits (right where n < 0); n is a constant in every caller */
+AVX512_INLINE static inline __m512i shift_epi16(__m512i v, int n) {
+    return n > 0 ? _mm512_slli_epi16(v, (unsigned)n) : n < 0 ? _mm512_srli_epi16(v, (unsigned)-n) : v;
+}
+
+/* w | the high bits of field `field` of the high vector h moved to bits 4.. (5 and 6 bits): one shift and
+ * one vpternlogd (w | (shifted & mask)); bits a 16-bit shift carries over from the next byte are masked */
+AVX512_INLINE static inline __m512i with_high(__m512i w, __m512i h, int hb, int field) {
+    const __m512i mask = _mm512_set1_epi8((char)(((1 << hb) - 1) << 4));
+    return _mm512_ternarylogic_epi32(w, shift_epi16(h, 4 - hb * field), mask, 0xF8);
+}
+
+/* as group_dot_scalar for 4-, 5- and 6-bit types on split activations (vpdpbusd, see the top), na <= NA_X16 */
+AVX512_INLINE static inline void group_dot_nib_avx512(int type, const uint8_t *gw, const block_a8x2 *a, int64_t nb32,
+                                                      int na, float *out) {
     const x16_format f = format_of(type);
-    const int subs = f.be / QK;
+    const int subs = f.be / QK, halves = f.nsc == 16 ? 2 : 1, hb = f.bits - 4, k = hb ? 4 / hb : 1;
     const __m512i nib = _mm512_set1_epi8(0x0F);
     __m512 acc[NA_X16];
     for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
@@ -248,29 +293,43 @@ AVX512_INLINE static inline void group_dot_q4_avx512(int type, const uint8_t *gw
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
         for (int s = 0; s < subs; s++) {
             const block_a8x2 *ab = a + b * subs + s;  /* activation row j's block: ab[j * nb32] */
-            __m512i hi[NA_X16], lo[NA_X16];
-            for (int j = 0; j < na; j++) hi[j] = lo[j] = _mm512_setzero_si512();
-            for (int m = 0; m < 4; m++) {   /* chunks of 8 columns: w0 the first 4, w1 the next 4 */
-                const __m512i v = _mm512_loadu_si512(gb + f.off_q + 64 * (4 * s + m));
-                const __m512i w0 = _mm512_and_si512(v, nib), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            for (int hc = 0; hc < halves; hc++) {    /* Q6_K: columns 0-15 and 16-31 have their own scales */
+                __m512i hi[NA_X16], lo[NA_X16];
+                for (int j = 0; j < na; j++) hi[j] = lo[j] = _mm512_setzero_si512();
+                for (int m = hc * 4 / halves; m < (hc + 1) * 4 / halves; m++) {  /* chunks of 8 columns */
+                    const uint8_t *q = gb + f.off_q + s * f.sbb;
+                    const __m512i v = _mm512_loadu_si512(q + 64 * m);
+                    __m512i w0 = _mm512_and_si512(v, nib), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                    if (hb) {
+                        const __m512i h = _mm512_loadu_si512(q + 256 + 64 * (m / k));
+                        w0 = with_high(w0, h, hb, 2 * (m % k));
+                        w1 = with_high(w1, h, hb, 2 * (m % k) + 1);
+                    }
+                    for (int j = 0; j < na; j++) {
+                        int32_t h0, h1, l0, l1;
+                        memcpy(&h0, ab[j * nb32].hi + 8 * m, 4);
+                        memcpy(&h1, ab[j * nb32].hi + 8 * m + 4, 4);
+                        memcpy(&l0, ab[j * nb32].lo + 8 * m, 4);
+                        memcpy(&l1, ab[j * nb32].lo + 8 * m + 4, 4);
+                        hi[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi[j], w0, _mm512_set1_epi32(h0)), w1,
+                                                    _mm512_set1_epi32(h1));
+                        lo[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo[j], _mm512_set1_epi32(l0), w0),
+                                                    _mm512_set1_epi32(l1), w1);
+                    }
+                }
+                const __m512 scale = scales_avx512(&f, gb, d, s, hc);
+                const __m512 bias = _mm512_mul_ps(scale, _mm512_set1_ps((float)-f.bias));
                 for (int j = 0; j < na; j++) {
-                    int32_t h0, h1, l0, l1;
-                    memcpy(&h0, ab[j * nb32].hi + 8 * m, 4);
-                    memcpy(&h1, ab[j * nb32].hi + 8 * m + 4, 4);
-                    memcpy(&l0, ab[j * nb32].lo + 8 * m, 4);
-                    memcpy(&l1, ab[j * nb32].lo + 8 * m + 4, 4);
-                    hi[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi[j], w0, _mm512_set1_epi32(h0)), w1,
-                                                _mm512_set1_epi32(h1));
-                    lo[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo[j], _mm512_set1_epi32(l0), w0),
-                                                _mm512_set1_epi32(l1), w1);
+                    const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]);
+                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(ab[j * nb32].d)),
+                                             acc[j]);
+                    if (halves == 2)   /* Q6_K's bias, per half: -32 scale x the half's activation sum */
+                        acc[j] = _mm512_fmadd_ps(bias, _mm512_set1_ps(ab[j * nb32].sh[hc]), acc[j]);
                 }
             }
-            const __m512 scale = scales_avx512(&f, gb, d, s, 0), m = offsets_avx512(&f, gb, d, s);
-            for (int j = 0; j < na; j++) {
-                const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]);
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(ab[j * nb32].d)),
-                                         acc[j]);
-                acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(ab[j * nb32].s), acc[j]);
+            if (halves == 1 && (f.bias || has_offset(&f))) {
+                const __m512 m = offsets_avx512(&f, gb, d, s);
+                for (int j = 0; j < na; j++) acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(ab[j * nb32].s), acc[j]);
             }
         }
     }
@@ -327,33 +386,32 @@ AVX512_INLINE static inline void group_dot_avx512(int type, const uint8_t *gw, c
     default: KERNEL(T, gw, A, nb32, 8, out); break;                                \
     }
 
-#define NA_Q4 4
-#define FOR_NA_Q4(T, N)                                                            \
+#define NA_NIB 4
+#define FOR_NA_NIB(T, N)                                                           \
     switch (N) {                                                                   \
-    case 1: group_dot_q4_avx512(T, gw, a8, nb32, 1, out); break;                   \
-    case 2: group_dot_q4_avx512(T, gw, a8, nb32, 2, out); break;                   \
-    case 3: group_dot_q4_avx512(T, gw, a8, nb32, 3, out); break;                   \
-    default: group_dot_q4_avx512(T, gw, a8, nb32, 4, out); break;                  \
+    case 1: group_dot_nib_avx512(T, gw, a8, nb32, 1, out); break;                  \
+    case 2: group_dot_nib_avx512(T, gw, a8, nb32, 2, out); break;                  \
+    case 3: group_dot_nib_avx512(T, gw, a8, nb32, 3, out); break;                  \
+    default: group_dot_nib_avx512(T, gw, a8, nb32, 4, out); break;                 \
     }
 
 AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *a, const block_a8x2 *a8,
                                   int64_t nb32, int na, float *out) {
-    if (format_of(type).bits == 4) {   /* passes of NA_Q4 rows: two integer sums a row, in registers */
-        for (int c = 0; c < na; c += NA_Q4, a8 += NA_Q4 * nb32, out += NA_Q4 * G) {
-            const int n = na - c < NA_Q4 ? na - c : NA_Q4;
-            switch (type) {
-            case T_Q4_0: FOR_NA_Q4(T_Q4_0, n); break;
-            case T_Q4_1: FOR_NA_Q4(T_Q4_1, n); break;
-            default: FOR_NA_Q4(T_Q4_K, n); break;
-            }
-        }
+    if (type == T_Q8_0) {
+        FOR_NA(group_dot_avx512, T_Q8_0, a);
         return;
     }
-    switch (type) {
-    case T_Q5_0: FOR_NA(group_dot_avx512, T_Q5_0, a); break;
-    case T_Q8_0: FOR_NA(group_dot_avx512, T_Q8_0, a); break;
-    case T_Q5_K: FOR_NA(group_dot_avx512, T_Q5_K, a); break;
-    default: FOR_NA(group_dot_avx512, T_Q6_K, a); break;
+    /* passes of NA_NIB rows: two integer sums a row, in registers */
+    for (int c = 0; c < na; c += NA_NIB, a8 += NA_NIB * nb32, out += NA_NIB * G) {
+        const int n = na - c < NA_NIB ? na - c : NA_NIB;
+        switch (type) {
+        case T_Q4_0: FOR_NA_NIB(T_Q4_0, n); break;
+        case T_Q4_1: FOR_NA_NIB(T_Q4_1, n); break;
+        case T_Q5_0: FOR_NA_NIB(T_Q5_0, n); break;
+        case T_Q4_K: FOR_NA_NIB(T_Q4_K, n); break;
+        case T_Q5_K: FOR_NA_NIB(T_Q5_K, n); break;
+        default: FOR_NA_NIB(T_Q6_K, n); break;
+        }
     }
 }
 
@@ -361,7 +419,7 @@ AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *
 
 #define NA_AVX2 4  /* activation rows per pass here: 2 x NA_AVX2 integer sums, 2 weight vectors in 16 ymm */
 
-/* 16 rows x columns 2p, 2p + 1 as int16 pairs in 32-bit lanes, rows 0-7 in w[0] and 8-15 in w[1] */
+/* 16 rows x columns 2p, 2p + 1 as int16 pairs in 32-bit lanes (bias taken off), rows 0-7 in w[0] and 8-15 in w[1] */
 AVX2_INLINE static inline void pair_weights_avx2(const x16_format *f, const uint8_t *gb, int p, __m256i w[2]) {
     const uint8_t *q = gb + f->off_q;
     if (f->bits == 8) {
@@ -369,13 +427,24 @@ AVX2_INLINE static inline void pair_weights_avx2(const x16_format *f, const uint
         w[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 32 * p + 16)));
         return;
     }
-    /* columns 2p and 2p + 1 are nibbles of bytes i and i + 1 of each row's 4 in chunk p / 4: shifted to
-     * bits 0-3 and 8-11 of the row's lane, then the second moved to 16-19 */
-    const int i = 2 * p % 8, shift = 8 * (i % 4) + (i < 4 ? 0 : 4);
+    /* columns 2p and 2p + 1 are nibbles of bytes i and i + 1 of each row's 4 in chunk m of sub-block
+     * p / 16: shifted to bits 0-3 and 8-11 of the row's lane, then the second moved to 16-19 */
+    const uint8_t *sq = q + p / 16 * f->sbb;
+    const int m = p % 16 / 4, i = 2 * p % 8, shift = 8 * (i % 4) + (i < 4 ? 0 : 4);
     const __m256i nib = _mm256_set1_epi32(0xF), nib16 = _mm256_set1_epi32(0xF0000);
     for (int h = 0; h < 2; h++) {
-        const __m256i t = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(q + 64 * (p / 4) + 32 * h)), shift);
+        const __m256i t = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(sq + 64 * m + 32 * h)), shift);
         w[h] = _mm256_or_si256(_mm256_and_si256(t, nib), _mm256_and_si256(_mm256_slli_epi32(t, 8), nib16));
+    }
+    if (f->bits == 4) return;
+    /* 5 and 6 bits: the high bits of both columns the same way, to bits 4.. of each 16-bit half */
+    const int hb = f->bits - 4, k = 4 / hb, field = 2 * (m % k) + (i >= 4);
+    const __m256i mask = _mm256_set1_epi32((1 << hb) - 1), mask16 = _mm256_set1_epi32(((1 << hb) - 1) << 16);
+    for (int h = 0; h < 2; h++) {
+        const __m256i t = _mm256_srli_epi32(
+            _mm256_loadu_si256((const __m256i *)(sq + 256 + 64 * (m / k) + 32 * h)), 8 * (i % 4) + hb * field);
+        const __m256i high = _mm256_or_si256(_mm256_and_si256(t, mask), _mm256_and_si256(_mm256_slli_epi32(t, 8), mask16));
+        w[h] = _mm256_sub_epi16(_mm256_or_si256(w[h], _mm256_slli_epi32(high, 4)), _mm256_set1_epi16((short)f->bias));
     }
 }
 
@@ -508,12 +577,16 @@ static block_a8x2 *scratch_a8x2(int64_t blocks) {
 /* x = 256 hi + lo for each 16-bit activation (hi signed, lo unsigned) */
 static void split_a16(const block_a16 *a, block_a8x2 *b, int64_t blocks) {
     for (int64_t k = 0; k < blocks; k++) {
+        int32_t half[2] = {0, 0};
         b[k].d = a[k].d;
         b[k].s = a[k].s;
         for (int i = 0; i < QK; i++) {
             b[k].lo[i] = (uint8_t)(a[k].qs[i] & 0xFF);
             b[k].hi[i] = (int8_t)(a[k].qs[i] >> 8);
+            half[i / 16] += a[k].qs[i];
         }
+        b[k].sh[0] = a[k].d * (float)half[0];
+        b[k].sh[1] = a[k].d * (float)half[1];
     }
 }
 
@@ -531,6 +604,20 @@ static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
         }
 }
 
+/* Chunks of at least ~32K weight-activation products (a few microseconds, above the cost of a hand-off)
+ * and CHUNK_BYTES of weights, but 4 a thread at least where there are groups enough. Where chunks were
+ * as small as the products allow (2 groups at one row), the threads took turns along the matrix and a
+ * decode step read its weights at ~23 GB/s; in runs of 256 KB each core streams on its own, at ~30 on a
+ * 2-core Zen 4 (all of a 1.5B Q4_K_M's matmuls: 39 -> 34 ms, as llama.cpp's whole step). */
+#define CHUNK_BYTES (256 << 10)
+static int64_t matmul_chunks(const x16_job *job, int64_t n, int64_t cols) {
+    int64_t grain = 1 + 32767 / (n * cols * G);
+    if (grain < CHUNK_BYTES / job->group_bytes) grain = CHUNK_BYTES / job->group_bytes;
+    const int64_t least = 4 * pool_threads();
+    if (job->groups / grain < least) grain = job->groups / least;
+    return num_chunks(job->groups, grain < 1 ? 1 : grain);
+}
+
 /* y[i, r] (row stride ldy) = sum_k x[i, k] * W[r, k] for i < n, r < rows; W interleaved by qlin_x16_repack */
 int qlin_x16_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
                     int64_t ldy) {
@@ -540,14 +627,13 @@ int qlin_x16_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, cons
     x16_job job = {type, w, rows / G, qlin_x16_row_bytes(type, cols) * G, cols / QK, n, ldy, NULL, NULL, y};
     pool_lock();
     job.a = quantize_rows_a16(x, n, job.nb32);
-    if (job.a && use_avx512() && format_of(type).bits == 4) {
+    if (job.a && use_avx512() && type != T_Q8_0) {
         job.a8 = scratch_a8x2(n * job.nb32);
         if (job.a8) split_a16(job.a, job.a8, n * job.nb32);
         else job.a = NULL;
     }
     if (!job.a) { pool_unlock(); return -3; }
-    /* chunks of ~32K weight-activation products: a few microseconds, above the cost of a hand-off */
-    pool_parallel(groups_task, &job, num_chunks(job.groups, 1 + 32767 / (n * cols * G)));
+    pool_parallel(groups_task, &job, matmul_chunks(&job, n, cols));
     pool_unlock();
     return 0;
 }

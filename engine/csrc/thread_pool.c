@@ -146,6 +146,8 @@ void chunk_range(int64_t total, int64_t chunk, int64_t nchunks, int64_t *lo, int
     *hi = total * (chunk + 1) / nchunks;
 }
 
+int pool_threads(void) { return pool.nth < 1 ? 1 : pool.nth; }
+
 int64_t num_chunks(int64_t total, int64_t grain) {
     int64_t n = total / grain;
     return n < 1 ? 1 : n > total ? total : n;

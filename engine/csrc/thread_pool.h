@@ -13,6 +13,8 @@ void pool_unlock(void);
 void pool_parallel(task_fn fn, void *arg, int64_t nchunks);
 /* [lo, hi) of `total` units that chunk `chunk` of `nchunks` covers */
 void chunk_range(int64_t total, int64_t chunk, int64_t nchunks, int64_t *lo, int64_t *hi);
+/* the pool's threads, the caller included (1 before qlin_init_threads) */
+int pool_threads(void);
 /* chunks for `total` units of work: ~`grain` units each, at least one */
 int64_t num_chunks(int64_t total, int64_t grain);
 
