@@ -25,7 +25,7 @@ from autotuner.failures import TunerFailures
 from autotuner.objective import Score, badly_violated, score_window, slo_excess
 from autotuner.regime import DriftDetector, Regime, WorkloadContext
 from autotuner.search_space import CONFIG, SearchSpace
-from autotuner.tuner_state import TunerState
+from autotuner.tuner_state import STORAGE_ERRORS, TunerState, storage_reason
 from engine.slo_class import SloClasses, shipped_slo_classes
 from policies import Knobs, get_policy
 from telemetry.window import SLO, WindowSummary
@@ -92,7 +92,9 @@ WarmStart = Callable[[Regime, WindowSummary], list[dict[str, Any]]]
 class Controller:
     def __init__(self, target: TuningTarget, space: SearchSpace, state: TunerState, slo: SLO,
                  settings: ControllerSettings, warm_start: WarmStart | None = None,
-                 slo_classes: SloClasses | None = None) -> None:
+                 slo_classes: SloClasses | None = None, failures: TunerFailures | None = None) -> None:
+        """`failures`: where failures are counted (the tuner service's, which also counts the storage's
+        before any controller exists); None: a count of its own."""
         self.target, self.space, self.state, self.slo, self.settings = target, space, state, slo, settings
         classes = slo_classes or shipped_slo_classes()
         self.class_weights = {name: c.weight for name, c in classes.classes.items()}
@@ -109,7 +111,8 @@ class Controller:
         # the warm start's configurations not measured yet, kept here rather than queued in the study:
         # Optuna hands out queued trials first, and a re-check asked meanwhile would run one of them
         self.picks: list[dict[str, Any]] = []
-        self.failures = TunerFailures()
+        self.failures = failures or TunerFailures()
+        self.storage_failing: str | None = None        # why the storage failed the latest window, until one works
         self.attainment_held: float | None = None      # exploration paused: the incumbent's recent SLO attainment
         self.paused = False
         self.pinned: Knobs | None = None
@@ -160,8 +163,14 @@ class Controller:
         while not stop.is_set():
             try:
                 self.step()
+                self.storage_failing = None
             except InterruptedError:
                 return                                   # the daemon is stopping
+            except STORAGE_ERRORS as e:                  # corrupt, locked, read-only: said once, retried each window
+                self.storage_failing = storage_reason(e)
+                self.record_failure("storage", self.storage_failing)
+                self._restore()
+                stop.wait(self.settings.min_window_s)
             except Exception:
                 log.exception("tuner: window failed; the engine stays on the last good knobs")
                 self._restore()
@@ -225,11 +234,13 @@ class Controller:
             return []
 
     def record_failure(self, stage: str, cause: str) -> None:
-        """A part of the tuner that failed (stage: warm_start, sample): logged as an ERROR, counted
-        (/metrics, `tuner status`) and written to the decision log, whose report lists it."""
-        self.failures.record(stage, cause, self.target.now() - self.start)
-        log.error("tuner: %s failed: %s%s", stage.replace("_", " "), cause,
-                  "; exploring only near the configured knobs" if stage == "warm_start" else "")
+        """A part of the tuner that failed (stage: warm_start, sample, storage): counted (/metrics,
+        `tuner status`), written to the decision log, whose report lists it, and logged as an ERROR
+        once per cause (a storage that stays broken fails every window)."""
+        if self.failures.record(stage, cause, self.target.now() - self.start):
+            log.error("tuner: %s failed: %s%s", stage.replace("_", " "), cause, FAILURE_CONSEQUENCE.get(stage, ""))
+        else:
+            log.debug("tuner: %s failed again: %s", stage, cause)
         self._decide("failure", None, self.target.knobs(), None, stage=stage, cause=cause)
 
     # -- choosing --
@@ -475,6 +486,12 @@ class Controller:
         log.info("tuner decision %s", entry)
         for listener in self.listeners:
             listener(entry)
+
+
+FAILURE_CONSEQUENCE = {
+    "warm_start": "; exploring only near the configured knobs",
+    "storage": "; the engine stays on the last good knobs and the tuner retries every window",
+}
 
 
 def paused_line(attainment: float) -> str:

@@ -6,17 +6,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autotuner.background import BackgroundRunner
 from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings, paused_line
-from autotuner.failures import STAGES
+from autotuner.failures import STAGES, TunerFailures
 from autotuner.search_space import CONFIG, load_search_space
 from simulation.cost_model_files import find_cost_model
 from autotuner.targets import EngineTarget
-from autotuner.tuner_state import TunerState
+from autotuner.tuner_state import TunerState, storage_reason
 from autotuner.warm_start import SimulatorWarmStart, background_runner, search, slo_token_budget
 from simulation.live_cost_model import LiveCostModel
 from engine.llm_engine import LLMEngine
@@ -25,6 +26,7 @@ from telemetry.window import SLO, TelemetryWindow
 
 log = logging.getLogger(__name__)
 SAMPLE_TIMEOUT_S = 60.0     # one TPE sample in the background (~1 s: a Python start and the sample)
+STORAGE_RETRY_S = 60.0      # a storage that did not open is tried again this often (a lock may clear)
 TUNING_CONFIG_ENV = "AUTOTUNED_SERVE_TUNING"   # another tuning.yaml for the daemon's tuner (benchmarks, ablations)
 
 
@@ -73,31 +75,70 @@ class TunerService:
         self.stop_event = threading.Event()
         self.controller: Controller | None = None
         self.cost: LiveCostModel | None = None
+        self.failures = TunerFailures()          # the controller's, and the storage's before there is one
+        self.storage_error: str | None = None    # why the storage does not open now, or None
+        self._created = time.monotonic()
         self._thread: threading.Thread | None = None
 
     def start(self, engine: LLMEngine, telemetry: TelemetryWindow, cost: LiveCostModel | None = None) -> None:
-        """`cost`: the engine's live cost model (the daemon attaches one at load); else one is attached."""
+        """`cost`: the engine's live cost model (the daemon attaches one at load); else one is attached.
+        Where the tuner's storage cannot be opened (corrupt, locked, read-only) the engine serves on its
+        configured knobs, the reason is said once, and the storage is tried again every STORAGE_RETRY_S."""
         s = self.settings
         # The tuner's compute, TPE's samples and the warm start's simulations, in low-priority child
         # processes: never on the engine's CPU time (in this process only for comparisons: background false).
-        sampling = simulating = None
+        self._sampling = self._simulating = None
         if s.background:
-            sampling = BackgroundRunner(s.background_cpu_share, SAMPLE_TIMEOUT_S, self.stop_event)
-            simulating = BackgroundRunner(s.background_cpu_share, s.warm_start_timeout_s, self.stop_event)
-        state = TunerState(self.state_dir, runner=sampling, storage=self.storage, owner=self.owner)
+            self._sampling = BackgroundRunner(s.background_cpu_share, SAMPLE_TIMEOUT_S, self.stop_event)
+            self._simulating = BackgroundRunner(s.background_cpu_share, s.warm_start_timeout_s, self.stop_event)
         self.cost = cost or LiveCostModel(find_cost_model(None, self.state_dir)).attach(engine)
+        state = self._open_state()
+        if state is None:
+            self._thread = threading.Thread(target=self._retry_storage, args=(engine, telemetry), name="tuner",
+                                            daemon=True)
+        else:
+            self._begin(state, engine, telemetry)
+            self._thread = threading.Thread(target=self.controller.run, args=(self.stop_event,), name="tuner",
+                                            daemon=True)
+        self._thread.start()
+
+    def _open_state(self) -> TunerState | None:
+        try:
+            state = TunerState(self.state_dir, runner=self._sampling, storage=self.storage, owner=self.owner)
+        except Exception as e:   # the storage is all TunerState opens: whatever it raised, tuning is off
+            self.storage_error = storage_reason(e)
+            self.metrics.failures.labels("storage").inc()
+            if self.failures.record("storage", self.storage_error, time.monotonic() - self._created):
+                log.error("tuner: cannot open its storage in %s (%s): serving on the configured knobs; "
+                          "retrying every %.0f s (move a corrupt tuner.db aside to start afresh)",
+                          self.storage or self.state_dir, self.storage_error, STORAGE_RETRY_S)
+            return None
+        if self.storage_error:
+            log.info("tuner: its storage opens again; tuning starts")
+        self.storage_error = None
+        return state
+
+    def _retry_storage(self, engine: LLMEngine, telemetry: TelemetryWindow) -> None:
+        while not self.stop_event.wait(STORAGE_RETRY_S):
+            state = self._open_state()
+            if state is not None:
+                self._begin(state, engine, telemetry)
+                self.controller.run(self.stop_event)
+                return
+
+    def _begin(self, state: TunerState, engine: LLMEngine, telemetry: TelemetryWindow) -> None:
+        """The controller over an open storage, its cold start applied."""
+        s = self.settings
         target = EngineTarget(engine, telemetry, self.stop_event)
         warm = SimulatorWarmStart(self.cost.current, self.space, self.slo, s.policy, target.knobs,
                                   telemetry.recent_requests, s.warm_start_trials, s.warm_start_enqueue,
-                                  runner=background_runner(simulating) if simulating else search)
-        self.controller = Controller(target, self.space, state, self.slo, self.settings, warm)
-        self.controller.listeners.append(self.metrics.on_decision)
-        if sampling:
-            sampling.on_failure = lambda cause: self.controller.record_failure("sample", cause)
-        self.controller.cold_start(slo_token_budget(self.cost.current(), self.slo, self.space, SLO_HEADROOM))
-        self._thread = threading.Thread(target=self.controller.run, args=(self.stop_event,), name="tuner",
-                                        daemon=True)
-        self._thread.start()
+                                  runner=background_runner(self._simulating) if self._simulating else search)
+        controller = Controller(target, self.space, state, self.slo, self.settings, warm, failures=self.failures)
+        controller.listeners.append(self.metrics.on_decision)
+        if self._sampling:
+            self._sampling.on_failure = lambda cause: controller.record_failure("sample", cause)
+        controller.cold_start(slo_token_budget(self.cost.current(), self.slo, self.space, SLO_HEADROOM))
+        self.controller = controller
         log.info("tuner started: state in %s, tuning policy %s", self.state_dir, self.settings.policy)
 
     def stop(self) -> None:
@@ -108,17 +149,29 @@ class TunerService:
     def status(self) -> dict[str, Any]:
         c = self.controller
         if c is None:
-            return {"running": False}
+            status: dict[str, Any] = {"running": False, "state_dir": self.state_dir,
+                                      "failures": self.failures.as_dict()}
+            if self.storage_error:
+                status["exploration"] = storage_line(self.storage_error)
+                status["storage_error"] = self.storage_error
+            return status
         return {"running": self._thread is not None and self._thread.is_alive(), "paused": c.paused,
                 "pinned": c.pinned.as_dict() if c.pinned else None, "regime": c.regime.key if c.regime else None,
                 "incumbent": c.incumbent() if c.study else None, "windows": c.windows,
                 "violating_windows": c.violations, "exploration": exploration_status(c),
                 "failures": c.failures.as_dict(), "state_dir": self.state_dir,
+                "decision_log_error": c.state.decision_log_error,
                 "cost_model": self.cost.describe() if self.cost else None}
+
+
+def storage_line(reason: str) -> str:
+    return f"off: the tuner's storage does not open ({reason}); serving on the configured knobs"
 
 
 def exploration_status(c: Controller) -> str:
     """One line for operators: whether the tuner explores, and why not when it does not."""
+    if c.storage_failing:
+        return f"held: its storage fails ({c.storage_failing}); the engine stays on the last good knobs"
     if c.paused or c.pinned:
         return "paused by an operator" if c.paused else "pinned by an operator"
     if c.attainment_held is not None:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.exceptions import StorageInternalError
 from optuna.trial import TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from autotuner.background import BackgroundRunner
 from autotuner.live_sampler import BackgroundTPE
@@ -28,6 +31,8 @@ log = logging.getLogger(__name__)
 STUDY_PREFIX = "regime:"
 MATCH_OCTAVES = 0.75      # a workload this close (log2 units) to a known regime's centre reuses its study
 STARTUP_TRIALS = 4        # random samples before TPE's; the warm start seeds the study too
+# what a storage that is corrupt, locked, gone or on a read-only disk raises
+STORAGE_ERRORS = (OSError, sqlite3.Error, SQLAlchemyError, StorageInternalError)
 
 
 def now_iso() -> str:
@@ -45,6 +50,7 @@ class TunerState:
         self.storage = open_storage(storage or f"sqlite:///{self.dir / 'tuner.db'}")
         self.decisions_path = self.dir / "decisions.jsonl"
         self.seed, self.runner, self.owner = seed, runner, owner
+        self.decision_log_error: str | None = None    # why decisions.jsonl cannot be written, once it could not
         self._lock = threading.Lock()
         self.recovered = self._fail_running_trials()
 
@@ -106,9 +112,27 @@ class TunerState:
                 if s.study_name.startswith(STUDY_PREFIX)]
 
     def log_decision(self, entry: dict[str, Any]) -> None:
+        """Appended to decisions.jsonl; where the disk refuses (full, read-only), the decision still reaches
+        the log and /metrics, and why the file misses it is said once."""
         line = json.dumps({"time": now_iso(), **entry}, default=_jsonable)
-        with self._lock, self.decisions_path.open("a") as f:
-            f.write(line + "\n")
+        try:
+            with self._lock, self.decisions_path.open("a") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            if self.decision_log_error is None:
+                log.error("tuner: cannot write %s (%s); decisions go to the log and /metrics only",
+                          self.decisions_path, e.strerror or e)
+            self.decision_log_error = f"{self.decisions_path}: {e.strerror or e}"
+
+
+def storage_reason(e: BaseException) -> str:
+    """A storage error in one line, from its root cause: Optuna wraps SQLite's "attempt to write a readonly
+    database" in a StorageInternalError blaming "invalid data", and SQLAlchemy's errors carry the SQL and
+    a link on lines of their own."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}".strip()
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:

@@ -76,7 +76,9 @@ def add_tuning_routes(app: FastAPI, tuner, authorised) -> None:
 
     def controller():
         if tuner.controller is None:
-            raise ApiError(503, "the tuner starts once the model is loaded", "service_unavailable")
+            reason = (f"the tuner is off: its storage does not open ({tuner.storage_error})" if tuner.storage_error
+                      else "the tuner starts once the model is loaded")
+            raise ApiError(503, reason, "service_unavailable")
         return tuner.controller
 
     @app.get("/admin/tuning", dependencies=[Depends(authorised)])

@@ -58,7 +58,13 @@ def choose_cost_model(engine: LLMEngine, state_dir: str, calibrate_at_start: boo
                       f"was too short: {e}): its shape, scaled to the live step times alone")
             log.warning("cost model: %s; a larger calibration_budget_s or `autotuned-serve calibrate` fits one", source)
             return CostModelChoice(CostModel.load(SHIPPED_COST_MODEL), source, False)
-        path = model.save(default_cost_model_path(state_dir, model.model, model.dtype, model.device, model.weights))
+        path = default_cost_model_path(state_dir, model.model, model.dtype, model.device, model.weights)
+        try:
+            model.save(path)
+        except OSError as e:   # a read-only or full state dir: the calibration serves this run, unsaved
+            log.error("cannot save the start-up calibration to %s (%s): it is used for this run only, and the "
+                      "next start calibrates again", path, e.strerror or e)
+            path = "not saved"
         log.info("calibrated in the start-up in %s s: %s (holdout MAPE %.0f%%)", model.notes.get("calibration_s"),
                  path, 100 * (model.holdout_mape or 0))
         return CostModelChoice(model, f"calibrated at start-up: {path}", True)
