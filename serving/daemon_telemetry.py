@@ -35,6 +35,9 @@ class DaemonTelemetry:
         engine.finish_listeners += [self.window.on_finish, self.metrics.on_finish]
         engine.arrival_listeners += [self.metrics.on_arrival, lambda r: self.window.on_arrival(
             Arrival(r.arrival_time, r.num_prompt_tokens, r.params.max_tokens))]
+        scheduler = engine.scheduler
+        self.metrics.read_live(lambda: len(scheduler.running), lambda: len(scheduler.waiting),
+                               lambda: scheduler.blocks.usage)
         self.metrics.set_scheduler(engine.scheduler.policy.name, engine.scheduler.knobs)
         self.sampler = DeviceSampler(cfg.engine.device, self._on_sample)
         self.sampler.start()

@@ -91,6 +91,15 @@ class PrometheusMetrics:
         self.cache_evictions.labels(m).inc(s.prefix_cache_evictions)
         self.cached_blocks.labels(m).set(s.prefix_cache_blocks)
 
+    def read_live(self, running, waiting, kv_usage) -> None:
+        """Read the engine's state gauges when scraped rather than at each step: a request aborted between
+        steps (a client gone) frees its KV with no step after it, and a drained daemon went on showing
+        that KV in use."""
+        m = self._model
+        self.running.labels(m).set_function(running)
+        self.waiting.labels(m).set_function(waiting)
+        self.kv_usage.labels(m).set_function(kv_usage)
+
     def on_arrival(self, request: Request) -> None:
         self.prompt_len.labels(self._model).observe(request.num_prompt_tokens)
         t = request.arrival_time

@@ -65,6 +65,24 @@ def test_metrics_parse_and_carry_the_names(server):
     assert knobs["token_budget"] == 32
 
 
+def test_state_gauges_are_read_when_scraped(server):
+    """A client that goes away mid-stream is aborted between steps: its KV is freed with no step after it
+    to record that, and a drained daemon must not go on showing it in use (the soak reads KV after its drain)."""
+    body = {"model": "tiny", "prompt": "w8 w9", "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body) as r:
+        next(r.iter_lines())
+    deadline = time.monotonic() + 10
+    while server.state.loop.num_unfinished:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert STEPS[-1].kv_usage > 0                       # what the last step recorded: the request's blocks
+    values = {f.name: f.samples[0].value for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+              if f.name in ("autotuned:num_requests_running", "autotuned:num_requests_waiting",
+                            "autotuned:kv_cache_usage_perc")}
+    assert values == {"autotuned:num_requests_running": 0, "autotuned:num_requests_waiting": 0,
+                      "autotuned:kv_cache_usage_perc": 0}
+
+
 def test_admin_needs_the_key(server):
     assert httpx.get(server.url + "/admin/scheduler").status_code == 401
     r = httpx.get(server.url + "/admin/scheduler", headers={"Authorization": "Bearer wrong"})
