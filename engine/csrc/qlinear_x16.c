@@ -590,6 +590,44 @@ static void split_a16(const block_a16 *a, block_a8x2 *b, int64_t blocks) {
     }
 }
 
+typedef struct {
+    const block_a16 *a;
+    block_a8x2 *b;
+    int64_t blocks;
+} split_job;
+
+#ifdef QL_X86
+AVX512 static void split_a16_avx512(const block_a16 *a, block_a8x2 *b, int64_t blocks) {
+    const __m512i ones = _mm512_set1_epi16(1);
+    for (int64_t k = 0; k < blocks; k++) {
+        const __m512i v = _mm512_loadu_si512(a[k].qs);
+        _mm256_storeu_si256((__m256i *)b[k].lo, _mm512_cvtepi16_epi8(v));   /* the low bytes, as they are */
+        _mm256_storeu_si256((__m256i *)b[k].hi, _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
+        const __m512i pairs = _mm512_madd_epi16(v, ones);                  /* 16 sums of 2: halves of 8 */
+        b[k].d = a[k].d;
+        b[k].s = a[k].s;
+        b[k].sh[0] = a[k].d * (float)_mm512_mask_reduce_add_epi32(0x00FF, pairs);
+        b[k].sh[1] = a[k].d * (float)_mm512_mask_reduce_add_epi32(0xFF00, pairs);
+    }
+}
+#endif
+
+static void split_task(void *p, int64_t chunk, int64_t nchunks) {
+    const split_job *j = p;
+    int64_t lo, hi;
+    chunk_range(j->blocks, chunk, nchunks, &lo, &hi);
+#ifdef QL_X86
+    if (use_avx512()) { split_a16_avx512(j->a + lo, j->b + lo, hi - lo); return; }
+#endif
+    split_a16(j->a + lo, j->b + lo, hi - lo);
+}
+
+/* split_a16 over the pool: a 512-row prefill step's activations are ~10K blocks, a millisecond on one core */
+static void split_rows_a16(const block_a16 *a, block_a8x2 *b, int64_t blocks) {
+    split_job job = {a, b, blocks};
+    pool_parallel(split_task, &job, num_chunks(blocks, 256));
+}
+
 static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
     x16_job *j = p;
     int64_t lo, hi;
@@ -629,7 +667,7 @@ int qlin_x16_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, cons
     job.a = quantize_rows_a16(x, n, job.nb32);
     if (job.a && use_avx512() && type != T_Q8_0) {
         job.a8 = scratch_a8x2(n * job.nb32);
-        if (job.a8) split_a16(job.a, job.a8, n * job.nb32);
+        if (job.a8) split_rows_a16(job.a, job.a8, n * job.nb32);
         else job.a = NULL;
     }
     if (!job.a) { pool_unlock(); return -3; }
