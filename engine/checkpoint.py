@@ -159,9 +159,22 @@ def read_hf_directory(path: str) -> Checkpoint:
             state.update(load_file(os.path.join(path, name)))
         if "lm_head.weight" not in state:   # a checkpoint without a head ties it, whatever config.json says
             config = dataclasses.replace(config, tie_word_embeddings=True)
+        config = dataclasses.replace(config, eos_token_ids=_generation_eos(path, config.eos_token_ids))
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"cannot read Hugging Face model directory {path}: {e}") from e
     return Checkpoint(config, state, "hf", path)
+
+
+def _generation_eos(path: str, eos: tuple[int, ...]) -> tuple[int, ...]:
+    """config.json's EOS ids and generation_config.json's: chat models list their end-of-turn token there
+    (Llama 3's <|eot_id|>, Qwen's <|im_end|>)."""
+    try:
+        with open(os.path.join(path, "generation_config.json")) as f:
+            extra = json.load(f).get("eos_token_id")
+    except FileNotFoundError:
+        return eos
+    extra = extra if isinstance(extra, list) else [extra] if extra is not None else []
+    return tuple(sorted({*eos, *map(int, extra)}))
 
 
 _GGUF_LAYER_NAMES = {
@@ -226,6 +239,20 @@ def _gguf_metadata(reader: Any) -> dict[str, Any]:
     return {key: field.contents() for key, field in reader.fields.items() if key not in skip}
 
 
+def read_gguf_metadata(path: str) -> dict[str, Any]:
+    """A GGUF's key/values (the vocabulary's arrays left out), for callers that load no weights."""
+    import gguf
+
+    try:
+        return _gguf_metadata(gguf.GGUFReader(path))
+    except Exception as e:  # as read_gguf
+        raise ModelLoadError(f"cannot read GGUF file {path}: {type(e).__name__}: {e}") from e
+
+
+# llama.cpp's end-of-generation ids beside EOS: end of turn (a chat model's) and end of message (tool calls)
+_GGUF_STOP_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
 def _gguf_config(meta: dict[str, Any], vocab_size: int, has_output: bool) -> ModelConfig:
     arch = meta.get("general.architecture")
     if arch not in ("llama", "qwen2"):
@@ -233,7 +260,7 @@ def _gguf_config(meta: dict[str, Any], vocab_size: int, has_output: bool) -> Mod
     g = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
     heads = int(g("attention.head_count"))
     hidden = int(g("embedding_length"))
-    eos = meta.get("tokenizer.ggml.eos_token_id")
+    stops = tuple(sorted({int(meta[k]) for k in _GGUF_STOP_KEYS if meta.get(k) is not None}))
     return ModelConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -248,7 +275,7 @@ def _gguf_config(meta: dict[str, Any], vocab_size: int, has_output: bool) -> Mod
         tie_word_embeddings=not has_output,
         qkv_bias=arch == "qwen2",
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=(int(eos),) if eos is not None else (),
+        eos_token_ids=stops,
         name=str(meta.get("general.name", arch)),
     )
 

@@ -48,7 +48,7 @@ class LLMEngine:
         kind, location = resolve_model(config.model)
         checkpoint = load_checkpoint(config.model, dtype, config.seed, config.weights_mode(), config.quantized_max_rows)
         self.model_config = mc = checkpoint.config
-        self.tokenizer: Tokenizer = load_tokenizer(kind, location, mc.vocab_size, mc.eos_token_ids)
+        self.tokenizer: Tokenizer = load_tokenizer(kind, location, mc.vocab_size, mc.eos_token_ids, checkpoint.metadata)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)))
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
         self.check_knobs(config.knobs)

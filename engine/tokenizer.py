@@ -1,11 +1,16 @@
-"""Tokenizers: the checkpoint's own (from a GGUF or an HF directory) or a byte-level one for presets."""
+"""Tokenizers: the checkpoint's own (from a GGUF or an HF directory) or a byte-level one for presets,
+each with its chat template: the model's own where it has one (engine/chat_template.py), else ours."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Protocol
 
+from engine.chat_template import ChatTemplate, ChatTemplateError, SpecialTokens, builtin_template
 from engine.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
 
 
 class Tokenizer(Protocol):
@@ -20,12 +25,15 @@ class Tokenizer(Protocol):
 
 
 class HFTokenizer:
-    """A transformers fast tokenizer; for GGUF files transformers rebuilds it from the file's metadata."""
+    """A transformers fast tokenizer; for GGUF files transformers rebuilds it from the file's metadata.
 
-    def __init__(self, tokenizer: Any, extra_eos: tuple[int, ...] = ()) -> None:
+    chat_template: the model's own template's source, None where it has none (then ours applies)."""
+
+    def __init__(self, tokenizer: Any, extra_eos: tuple[int, ...] = (), template: ChatTemplate | None = None) -> None:
         self._tok = tokenizer
-        self.chat_template = getattr(tokenizer, "chat_template", None)
-        eos = {tokenizer.eos_token_id, *extra_eos} - {None}
+        self.template = template or builtin_template()
+        self.chat_template = None if self.template.builtin else self.template.source
+        eos = {tokenizer.eos_token_id, *extra_eos, *self.template.stop_tokens(tokenizer.get_added_vocab())} - {None}
         self.eos_token_ids = tuple(sorted(eos))
 
     def encode(self, text: str) -> list[int]:
@@ -35,10 +43,9 @@ class HFTokenizer:
         return self._tok.decode(ids, skip_special_tokens=True)
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
-        if not self.chat_template:
-            raise ValueError("this model's tokenizer has no chat template")
-        out = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        """The model's own template writes its BOS where it wants one (as transformers, no special tokens
+        are added to it); ours is a plain prompt, which gets them."""
+        return self._tok.encode(self.template.render(messages), add_special_tokens=self.template.builtin)
 
 
 class ByteTokenizer:
@@ -60,10 +67,12 @@ class ByteTokenizer:
         return data.decode(errors="replace")
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ")
+        return self.encode(builtin_template().render(messages))
 
 
-def load_tokenizer(kind: str, location: str, vocab_size: int, eos_token_ids: tuple[int, ...] = ()) -> Tokenizer:
+def load_tokenizer(kind: str, location: str, vocab_size: int, eos_token_ids: tuple[int, ...] = (),
+                   gguf_metadata: dict[str, Any] | None = None) -> Tokenizer:
+    """gguf_metadata: the GGUF's key/values where the caller has read them already (else read here)."""
     if kind == "dummy":
         return ByteTokenizer(vocab_size) if vocab_size >= 259 else _TinyTokenizer(vocab_size)
     from transformers import AutoTokenizer
@@ -76,7 +85,41 @@ def load_tokenizer(kind: str, location: str, vocab_size: int, eos_token_ids: tup
             tok = AutoTokenizer.from_pretrained(location)
     except Exception as e:  # transformers raises many types for missing or broken files
         raise ModelLoadError(f"cannot load the tokenizer of {location}: {type(e).__name__}: {e}") from e
-    return HFTokenizer(tok, eos_token_ids)
+    return HFTokenizer(tok, eos_token_ids, model_template(kind, location, tok, gguf_metadata))
+
+
+def special_tokens(tok: Any) -> SpecialTokens:
+    return SpecialTokens(tok.bos_token, tok.eos_token, tok.unk_token, tok.pad_token)
+
+
+def model_template(kind: str, location: str, tok: Any, gguf_metadata: dict[str, Any] | None) -> ChatTemplate | None:
+    """The model's own chat template, checked at load (a template the sandbox refuses is a load error);
+    None where it has none. The log says which template serves chat requests."""
+    source, origin = _template_source(kind, location, tok, gguf_metadata)
+    if source is None:
+        log.info("chat template: built-in (role: content lines); %s has none of its own", location)
+        return None
+    try:
+        template = ChatTemplate(source, origin, special_tokens(tok))
+        template.check_safe()
+    except ChatTemplateError as e:
+        raise ModelLoadError(f"{location}: {e}") from e
+    log.info("chat template: the model's own, from %s", origin)
+    return template
+
+
+def _template_source(kind: str, location: str, tok: Any,
+                     gguf_metadata: dict[str, Any] | None) -> tuple[str | None, str]:
+    if kind == "gguf":
+        if gguf_metadata is None:
+            from engine.checkpoint import read_gguf_metadata
+            gguf_metadata = read_gguf_metadata(location)
+        return gguf_metadata.get("tokenizer.chat_template"), "the GGUF's tokenizer.chat_template"
+    source = getattr(tok, "chat_template", None)
+    if isinstance(source, dict):   # named templates (tokenizer_config.json's list form): the default one
+        source = source.get("default")
+    jinja_file = os.path.join(location, "chat_template.jinja")
+    return source, "chat_template.jinja" if os.path.isfile(jinja_file) else "tokenizer_config.json"
 
 
 class _TinyTokenizer(ByteTokenizer):

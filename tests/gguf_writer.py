@@ -19,7 +19,8 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model: torch.nn.Module, path: str, types: dict[str, int] | None = None) -> None:
+def write_gguf(model: torch.nn.Module, path: str, types: dict[str, int] | None = None,
+               chat_template: str | None = None, eot_token_id: int | None = None) -> None:
     """types: GGUF tensor name suffix (e.g. "attn_q.weight") -> GGML type to quantize it to (default F32)."""
     import gguf
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -45,6 +46,10 @@ def write_gguf(model: torch.nn.Module, path: str, types: dict[str, int] | None =
     w.add_token_merges(["h i"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    if eot_token_id is not None:
+        w.add_eot_token_id(eot_token_id)
     def add(gguf_name: str, array: np.ndarray) -> None:
         qtype = next((gguf.GGMLQuantizationType(t) for k, t in (types or {}).items() if gguf_name.endswith(k)), None)
         if qtype is None:
