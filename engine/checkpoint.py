@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from engine.errors import ModelLoadError
+from engine.hub_cache import looks_like_repo_id, resolve_repo_id
 from engine.model_config import PRESETS, ModelConfig
 from engine.quantized_linear import QuantizedTensor, is_supported, load_kernels
 
@@ -51,7 +52,8 @@ def bundled_model_path() -> str:
 
 
 def resolve_model(model: str | None) -> tuple[str, str]:
-    """(kind, location) for a model argument: the default, a preset name, a .gguf file or an HF directory."""
+    """(kind, location) for a model argument: the default, a preset name, a .gguf file, an HF directory or an
+    HF repo id (owner/name) in the local Hugging Face cache."""
     if model in (None, "", DEFAULT_MODEL, "default"):
         return "gguf", bundled_model_path()
     name = model.removeprefix("dummy:")
@@ -61,8 +63,11 @@ def resolve_model(model: str | None) -> tuple[str, str]:
         return "gguf", model
     if os.path.isdir(model) and os.path.isfile(os.path.join(model, "config.json")):
         return "hf", model
+    if not os.path.exists(model) and looks_like_repo_id(model):
+        return resolve_repo_id(model)
     raise ModelLoadError(f"unknown model {model!r}: expected a .gguf file, a Hugging Face model directory "
-                         f"with config.json, {DEFAULT_MODEL!r}, or a preset ({', '.join(PRESETS)})")
+                         f"with config.json, a Hugging Face repo id in the local cache, {DEFAULT_MODEL!r}, "
+                         f"or a preset ({', '.join(PRESETS)})")
 
 
 WEIGHTS_MODES = ("auto", "dense", "quantized")

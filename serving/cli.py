@@ -22,8 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="the prompt (sent through the model's chat template unless --raw)")
     gen.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
     gen.add_argument("--model", default=None,
-                     help="a .gguf file, a Hugging Face model directory, or a preset name "
-                          "(default: the bundled SmolLM2-135M-Instruct)")
+                     help="a .gguf file, a Hugging Face model directory, a Hugging Face repo id in the local "
+                          "cache (owner/name), or a preset name (default: the bundled SmolLM2-135M-Instruct)")
     gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
                      help="auto: bf16 where the hardware runs it fast, else fp32")
     gen.add_argument("--weights", default="auto", choices=["auto", "quantized", "dense"], help=WEIGHTS_HELP)
@@ -80,8 +80,8 @@ def add_plugin_parsers(sub) -> None:
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """Flags override the config file; unset flags leave its values (or the defaults) alone."""
     p.add_argument("--config", default=None, help="YAML settings file (see configs/default.yaml)")
-    p.add_argument("--model", default=None, help="a .gguf file, an HF model directory or a preset "
-                   "(default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None, help="a .gguf file, an HF model directory, an HF repo id in the local "
+                   "cache (owner/name[:FILE.gguf], never downloaded) or a preset (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; any other needs an API key)")
     p.add_argument("--port", type=int, default=None, help="port (default 8000)")
     p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp32"], help="default auto")
