@@ -336,54 +336,44 @@ AVX512_INLINE static inline void group_dot_nib_avx512(int type, const uint8_t *g
     for (int j = 0; j < na; j++) _mm512_storeu_ps(out + j * G, acc[j]);
 }
 
-/* as group_dot_scalar for 8-bit types, na <= NA_X16; type and na are constants in each caller (FOR_NA),
- * so the branches fold and the accumulators stay in registers */
-AVX512_INLINE static inline void group_dot_avx512(int type, const uint8_t *gw, const block_a16 *a, int64_t nb32,
-                                                  int na, float *out) {
-    const x16_format f = format_of(type);
-    const int subs = f.be / QK, halves = f.nsc == 16 ? 2 : 1, pairs = QK / 2 / halves;
+/* as group_dot_scalar for Q8_0 (int8 weights, no sub-scales or offsets: int16 pairs on vpdpwssd), na <=
+ * NA_X16; na is a constant in each caller (FOR_NA), so the accumulators stay in registers */
+AVX512_INLINE static inline void group_dot_q8_avx512(const uint8_t *gw, const block_a16 *a, int64_t nb32, int na,
+                                                     float *out) {
+    const x16_format f = format_of(T_Q8_0);
     __m512 acc[NA_X16];
     for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb32 / subs; b++) {
+    for (int64_t b = 0; b < nb32; b++) {
         const uint8_t *gb = gw + b * f.gbb;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
-        for (int s = 0; s < subs; s++) {
-            const block_a16 *ab = a + b * subs + s;  /* activation row j's block: ab[j * nb32] */
-            for (int h = 0; h < halves; h++) {
-                __m512i sums[NA_X16];
-                for (int j = 0; j < na; j++) sums[j] = _mm512_setzero_si512();
-                for (int p = h * pairs; p < (h + 1) * pairs; p++) {
-                    const __m512i wp = pair_weights(&f, gb, 16 * s + p);
-                    for (int j = 0; j < na; j++) {
-                        int32_t xp;  /* activations 2p and 2p + 1, broadcast */
-                        memcpy(&xp, ab[j * nb32].qs + 2 * p, 4);
-                        sums[j] = _mm512_dpwssd_epi32(sums[j], wp, _mm512_set1_epi32(xp));
-                    }
-                }
-                const __m512 scale = scales_avx512(&f, gb, d, s, h);
-                for (int j = 0; j < na; j++)
-                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[j]),
-                                             _mm512_mul_ps(scale, _mm512_set1_ps(ab[j * nb32].d)), acc[j]);
-            }
-            if (has_offset(&f)) {
-                const __m512 m = offsets_avx512(&f, gb, d, s);
-                for (int j = 0; j < na; j++) acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(ab[j * nb32].s), acc[j]);
+        const block_a16 *ab = a + b;  /* activation row j's block: ab[j * nb32] */
+        __m512i sums[NA_X16];
+        for (int j = 0; j < na; j++) sums[j] = _mm512_setzero_si512();
+        for (int p = 0; p < QK / 2; p++) {
+            const __m512i wp = pair_weights(&f, gb, p);
+            for (int j = 0; j < na; j++) {
+                int32_t xp;  /* activations 2p and 2p + 1, broadcast */
+                memcpy(&xp, ab[j * nb32].qs + 2 * p, 4);
+                sums[j] = _mm512_dpwssd_epi32(sums[j], wp, _mm512_set1_epi32(xp));
             }
         }
+        for (int j = 0; j < na; j++)
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[j]), _mm512_mul_ps(d, _mm512_set1_ps(ab[j * nb32].d)),
+                                     acc[j]);
     }
     for (int j = 0; j < na; j++) _mm512_storeu_ps(out + j * G, acc[j]);
 }
 
-#define FOR_NA(KERNEL, T, A)                                                       \
+#define FOR_NA_Q8                                                                   \
     switch (na) {                                                                  \
-    case 1: KERNEL(T, gw, A, nb32, 1, out); break;                                 \
-    case 2: KERNEL(T, gw, A, nb32, 2, out); break;                                 \
-    case 3: KERNEL(T, gw, A, nb32, 3, out); break;                                 \
-    case 4: KERNEL(T, gw, A, nb32, 4, out); break;                                 \
-    case 5: KERNEL(T, gw, A, nb32, 5, out); break;                                 \
-    case 6: KERNEL(T, gw, A, nb32, 6, out); break;                                 \
-    case 7: KERNEL(T, gw, A, nb32, 7, out); break;                                 \
-    default: KERNEL(T, gw, A, nb32, 8, out); break;                                \
+    case 1: group_dot_q8_avx512(gw, a, nb32, 1, out); break;                       \
+    case 2: group_dot_q8_avx512(gw, a, nb32, 2, out); break;                       \
+    case 3: group_dot_q8_avx512(gw, a, nb32, 3, out); break;                       \
+    case 4: group_dot_q8_avx512(gw, a, nb32, 4, out); break;                       \
+    case 5: group_dot_q8_avx512(gw, a, nb32, 5, out); break;                       \
+    case 6: group_dot_q8_avx512(gw, a, nb32, 6, out); break;                       \
+    case 7: group_dot_q8_avx512(gw, a, nb32, 7, out); break;                       \
+    default: group_dot_q8_avx512(gw, a, nb32, 8, out); break;                      \
     }
 
 #define NA_NIB 4
@@ -398,7 +388,7 @@ AVX512_INLINE static inline void group_dot_avx512(int type, const uint8_t *gw, c
 AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *a, const block_a8x2 *a8,
                                   int64_t nb32, int na, float *out) {
     if (type == T_Q8_0) {
-        FOR_NA(group_dot_avx512, T_Q8_0, a);
+        FOR_NA_Q8;
         return;
     }
     /* passes of NA_NIB rows: two integer sums a row, in registers */
