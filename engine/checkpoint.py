@@ -1,7 +1,8 @@
 """Reading weights: GGUF files, Hugging Face model directories, and random weights for presets.
 
 Every reader returns a Checkpoint with a ModelConfig and a state dict in Hugging Face's
-LlamaForCausalLM naming (float32 or the checkpoint's dtype); `fuse_projections` then maps it onto
+LlamaForCausalLM naming (float32 or the checkpoint's dtype; Qwen3's q_norm/k_norm beside it, Phi-3's
+projections fused as it stores them: qkv_proj, gate_up_proj); `fuse_projections` then maps it onto
 engine.model's fused layout. With weights "auto" or "quantized", a GGUF's quantized matrices stay as
 stored (Checkpoint.quantized, engine/quantized_linear.py) instead of being dequantized.
 """
@@ -22,7 +23,7 @@ import torch
 
 from engine.errors import ModelLoadError
 from engine.hub_cache import looks_like_repo_id, resolve_repo_id
-from engine.model_config import PRESETS, ModelConfig
+from engine.model_config import PRESETS, ModelConfig, RopeScaling, cap_to_window, rope_scaling_from
 from engine.quantized_linear import QuantizedTensor, is_supported, load_kernels
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,8 @@ def hf_parameter_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.qkv_bias:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                        p + "self_attn.v_proj.bias": (kv,)}
+        if c.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,)}
     return shapes
 
 
@@ -189,7 +192,12 @@ _GGUF_LAYER_NAMES = {
     "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias", "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight", "attn_qkv.bias": "self_attn.qkv_proj.bias",
 }
+# Phi-3's GGUF has no ffn_gate: its ffn_up holds gate and up, as HF's gate_up_proj
+_GGUF_ARCH_LAYER_NAMES = {"phi3": {"ffn_up.weight": "mlp.gate_up_proj.weight"}}
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
 _GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                    "output.weight": "lm_head.weight"}
 
@@ -205,10 +213,13 @@ def read_gguf(path: str, keep_quantized: bool = False) -> Checkpoint:
         shapes = {t.name: [int(d) for d in t.shape] for t in reader.tensors}
         if "token_embd.weight" not in shapes:
             raise ModelLoadError(f"GGUF file {path} has no token_embd.weight tensor")
-        config = _gguf_config(meta, vocab_size=shapes["token_embd.weight"][1], has_output="output.weight" in shapes)
+        rope_factors = {t.name: [float(x) for x in np.array(t.data).ravel()] for t in reader.tensors
+                        if t.name.startswith("rope_factors_")}
+        config = _gguf_config(meta, shapes, rope_factors)
+        arch = gguf_architecture(meta)
         state, quantized = {}, {}
         for tensor in reader.tensors:
-            name = _gguf_to_hf_name(tensor.name)
+            name = _gguf_to_hf_name(tensor.name, arch)
             if name is None:
                 continue
             shape = tuple(reversed([int(d) for d in tensor.shape]))
@@ -226,14 +237,15 @@ def read_gguf(path: str, keep_quantized: bool = False) -> Checkpoint:
         _unpermute_qk(state, config)
         _unpermute_qk_quantized(quantized, config)
     if keep_quantized:
-        _log_quantized(path, quantized, state, reader)
+        _log_quantized(path, quantized, state, reader, arch)
     return Checkpoint(config, state, "gguf", path, meta, quantized)
 
 
-def _log_quantized(path: str, quantized: dict[str, QuantizedTensor], state: dict[str, torch.Tensor], reader) -> None:
+def _log_quantized(path: str, quantized: dict[str, QuantizedTensor], state: dict[str, torch.Tensor], reader,
+                   arch: str) -> None:
     kept = Counter(q.type_name for q in quantized.values())
     dense = Counter(t.tensor_type.name for t in reader.tensors
-                    if _gguf_to_hf_name(t.name) in state and len(t.shape) == 2)
+                    if _gguf_to_hf_name(t.name, arch) in state and len(t.shape) == 2)
     log.info("%s: %.0f MB of quantized weights kept as stored (%s)%s", os.path.basename(path),
              sum(q.nbytes for q in quantized.values()) / 1e6, ", ".join(f"{n} x{c}" for n, c in sorted(kept.items())),
              f"; dequantized, no kernel for: {', '.join(f'{n} x{c}' for n, c in sorted(dense.items()))}" if dense else "")
@@ -258,39 +270,63 @@ def read_gguf_metadata(path: str) -> dict[str, Any]:
 _GGUF_STOP_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
-def _gguf_config(meta: dict[str, Any], vocab_size: int, has_output: bool) -> ModelConfig:
+def gguf_architecture(meta: dict[str, Any]) -> str:
     arch = meta.get("general.architecture")
-    if arch not in ("llama", "qwen2"):
-        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}: expected llama or qwen2")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}: supported are {', '.join(GGUF_ARCHITECTURES)}")
+    return arch
+
+
+def _gguf_config(meta: dict[str, Any], shapes: dict[str, list[int]], rope_factors: dict[str, list[float]]) -> ModelConfig:
+    arch = gguf_architecture(meta)
     g = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
     heads = int(g("attention.head_count"))
     hidden = int(g("embedding_length"))
+    head_dim = int(g("attention.key_length", hidden // heads))
+    if int(g("rope.dimension_count", head_dim)) != head_dim:
+        raise ModelLoadError("partial rotary embeddings (rope.dimension_count < head size, as Phi-4-mini's) "
+                             "are not supported")
     stops = tuple(sorted({int(meta[k]) for k in _GGUF_STOP_KEYS if meta.get(k) is not None}))
+    max_positions = int(g("context_length", 4096))
     return ModelConfig(
-        vocab_size=vocab_size,
+        vocab_size=shapes["token_embd.weight"][1],
         hidden_size=hidden,
         intermediate_size=int(g("feed_forward_length")),
         num_layers=int(g("block_count")),
         num_heads=heads,
         num_kv_heads=int(g("attention.head_count_kv", heads)),
-        head_dim=int(g("attention.key_length", hidden // heads)),
-        max_position_embeddings=int(g("context_length", 4096)),
+        head_dim=head_dim,
+        max_position_embeddings=cap_to_window(max_positions, g("attention.sliding_window")),
         rms_norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(g("rope.freq_base", 10000.0)),
-        tie_word_embeddings=not has_output,
-        qkv_bias=arch == "qwen2",
+        rope_scaling=_gguf_rope_scaling(g, rope_factors, max_positions),
+        tie_word_embeddings="output.weight" not in shapes,
+        qkv_bias="blk.0.attn_q.bias" in shapes or "blk.0.attn_qkv.bias" in shapes,
+        qk_norm="blk.0.attn_q_norm.weight" in shapes,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=stops,
         name=str(meta.get("general.name", arch)),
     )
 
 
-def _gguf_to_hf_name(name: str) -> str | None:
+def _gguf_rope_scaling(g: Any, factors: dict[str, list[float]], max_positions: int) -> RopeScaling:
+    """Phi-3's LongRoPE: llama.cpp stores its factors as tensors, its pretraining length and attention
+    factor as keys."""
+    if "rope_factors_short.weight" not in factors:
+        return RopeScaling()
+    original = g("rope.scaling.original_context_length")
+    return rope_scaling_from({"rope_type": "longrope", "short_factor": factors["rope_factors_short.weight"],
+                              "long_factor": factors.get("rope_factors_long.weight"),
+                              "attention_factor": g("rope.scaling.attn_factor")}, max_positions, original)
+
+
+def _gguf_to_hf_name(name: str, arch: str) -> str | None:
     if name in _GGUF_TOP_NAMES:
         return _GGUF_TOP_NAMES[name]
     parts = name.split(".", 2)
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _GGUF_LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+    names = _GGUF_LAYER_NAMES | _GGUF_ARCH_LAYER_NAMES.get(arch, {})
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}"
     return None  # e.g. precomputed rope frequencies, which we compute ourselves
 
 
@@ -323,6 +359,8 @@ def _unpermute_index(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
 
 
+_LAYER_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
+                "self_attn.k_norm.weight")
 _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "self_attn.o_proj": ("self_attn.o_proj",), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
           "mlp.down_proj": ("mlp.down_proj",)}
@@ -338,13 +376,14 @@ def fuse_projections(state: dict[str, torch.Tensor], config: ModelConfig) -> dic
         fused["lm_head.weight"] = fused["model.embed_tokens.weight"]
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        fused[p + "input_layernorm.weight"] = state[p + "input_layernorm.weight"]
-        fused[p + "post_attention_layernorm.weight"] = state[p + "post_attention_layernorm.weight"]
+        fused |= {p + n: state[p + n] for n in _LAYER_NORMS if p + n in state}
         for target, sources in _FUSED.items():
             for kind in ("weight", "bias"):
                 names = [f"{p}{s}.{kind}" for s in sources]
                 if all(n in state for n in names):
                     fused[f"{p}{target}.{kind}"] = torch.cat([state[n] for n in names])
+                elif f"{p}{target}.{kind}" in state:   # stored fused (Phi-3)
+                    fused[f"{p}{target}.{kind}"] = state[f"{p}{target}.{kind}"]
     return fused
 
 
@@ -363,4 +402,6 @@ def fuse_quantized(quantized: dict[str, QuantizedTensor], config: ModelConfig) -
             names = [f"{p}{s}.weight" for s in sources]
             if all(n in quantized for n in names):
                 fused[p + target] = [quantized[n] for n in names]
+            elif f"{p}{target}.weight" in quantized:   # stored fused (Phi-3)
+                fused[p + target] = [quantized[f"{p}{target}.weight"]]
     return fused

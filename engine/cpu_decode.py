@@ -75,6 +75,8 @@ class CpuDecodeLayers:
         params = []
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
+            if attn.q_norm is not None:   # decode_layer.c has no per-head q/k norms (Qwen3)
+                return None
             mats = [qproj(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
             if any(m is None for m in mats):
                 return None

@@ -1,8 +1,9 @@
 """A Llama-family decoder in plain torch over a flattened, variable-length batch.
 
-Covers SmolLM2, Llama 2/3, Mistral (full attention) and Qwen2 (qkv bias). Parameter names follow
-Hugging Face's LlamaForCausalLM except that q/k/v and gate/up are fused into one matmul each,
-which the loader does when it reads a checkpoint.
+Covers SmolLM2, Llama 2/3, Mistral (full attention), Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm)
+and Phi-3 (LongRoPE, in engine/rope.py). Parameter names follow Hugging Face's LlamaForCausalLM except
+that q/k/v and gate/up are fused into one matmul each (as Phi-3 stores them), which the loader does when
+it reads a checkpoint.
 """
 
 from __future__ import annotations
@@ -61,12 +62,25 @@ class Attention(nn.Module):
         self.kv_size = config.num_kv_heads * config.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, x, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Any) -> torch.Tensor:
         """cos/sin: RotaryEmbedding.lookup(positions) of this step's tokens."""
-        out = backend.attend_qkv(self.qkv_proj(x), self.heads, cos, sin, k_cache, v_cache, meta)
+        qkv = self.qkv_proj(x)
+        if self.q_norm is not None:
+            qkv = self.norm_qk(qkv)
+        out = backend.attend_qkv(qkv, self.heads, cos, sin, k_cache, v_cache, meta)
         return self.o_proj(out.reshape(-1, self.q_size))
+
+    def norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Qwen3's RMSNorm over each q and k head, before RoPE (the backends rotate what they are given)."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        dim = self.heads.head_dim
+        q = self.q_norm(q.reshape(-1, dim)).view(qkv.shape[0], -1)
+        k = self.k_norm(k.reshape(-1, dim)).view(qkv.shape[0], -1)
+        return torch.cat([q, k, v], dim=-1)
 
 
 class MLP(nn.Module):

@@ -31,19 +31,36 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     return torch.where(is_medium, blended, scaled)
 
 
+def position_angles(head_dim: int, theta: float, scaling: RopeScaling, max_positions: int) -> torch.Tensor:
+    """[positions, head_dim / 2] rotation angles. LongRoPE divides each frequency by its short factor at
+    positions inside the pretraining length (original_max_position_embeddings) and by its long factor
+    past it. transformers instead recomputes a sequence that outgrows that length with the long factors
+    at every position; here a rotation depends on the position alone, so a block's KV is the same in
+    every sequence holding it (prefix caching, recompute after preemption): identical to transformers
+    up to that length, an approximation past it."""
+    positions = torch.arange(max_positions, dtype=torch.float64)
+    if scaling.rope_type != "longrope":
+        return torch.outer(positions, inverse_frequencies(head_dim, theta, scaling))
+    base = inverse_frequencies(head_dim, theta, RopeScaling())
+    short = torch.outer(positions, base / torch.tensor(scaling.short_factor, dtype=torch.float64))
+    long = torch.outer(positions, base / torch.tensor(scaling.long_factor or scaling.short_factor, dtype=torch.float64))
+    return torch.where((positions < scaling.original_max_position_embeddings)[:, None], short, long)
+
+
 class RotaryEmbedding(torch.nn.Module):
     """Hugging Face's rotate-half convention; cos/sin tables are looked up by absolute position."""
 
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
-        inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+        scaling = config.rope_scaling
+        angles = position_angles(config.head_dim, config.rope_theta, scaling, max_positions)
         angles = torch.cat([angles, angles], dim=-1)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        # LongRoPE's attention factor scales cos and sin (q and k), as transformers does
+        self.register_buffer("cos", (angles.cos() * scaling.attention_factor).float(), persistent=False)
         # rotate-half as roll: roll(x, half) = [x2, x1], so x * cos + [-x2, x1] * sin needs sin with its
         # first half negated (see rotate)
-        half = inv_freq.shape[0]
-        signed = angles.sin()
+        half = angles.shape[1] // 2
+        signed = angles.sin() * scaling.attention_factor
         signed[:, :half] = -signed[:, :half]
         self.register_buffer("sin", signed.float(), persistent=False)
 

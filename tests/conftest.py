@@ -24,6 +24,8 @@ def save_hf_model(path, model_type: str = "llama", **overrides) -> torch.nn.Modu
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
     }[model_type]
     torch.manual_seed(0)
     config = config_cls(**{**TINY_LLAMA, **overrides})

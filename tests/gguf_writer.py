@@ -1,4 +1,5 @@
-"""Write a Hugging Face model as a llama.cpp-style GGUF (q/k rows permuted, gpt2 byte-level vocab)."""
+"""Write a Hugging Face model as a llama.cpp-style GGUF (Llama's q/k rows permuted, gpt2 byte-level vocab):
+Llama/Mistral as "llama", Qwen3 (q/k norms) and Phi-3 (fused projections, LongRoPE factors) as theirs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ _NAMES = {
     "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
+_ARCH = {"llama": "llama", "mistral": "llama", "qwen3": "qwen3", "phi3": "phi3"}
 
 
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -26,7 +30,8 @@ def write_gguf(model: torch.nn.Module, path: str, types: dict[str, int] | None =
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     c = model.config
-    w = gguf.GGUFWriter(path, "llama")
+    arch = _ARCH[c.model_type]
+    w = gguf.GGUFWriter(path, arch)
     w.add_name("tiny-test")
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
@@ -34,6 +39,9 @@ def write_gguf(model: torch.nn.Module, path: str, types: dict[str, int] | None =
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    if arch == "phi3":
+        _add_longrope(w, c)
     w.add_rope_freq_base(c.rope_theta if hasattr(c, "rope_theta") else c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
@@ -68,12 +76,25 @@ def write_gguf(model: torch.nn.Module, path: str, types: dict[str, int] | None =
                 add("output.weight", array)
         else:
             _, _, layer, rest = name.split(".", 3)
-            if rest == "self_attn.q_proj.weight":
+            if rest == "self_attn.q_proj.weight" and arch == "llama":
                 array = llama_cpp_permute(array, c.num_attention_heads)
-            elif rest == "self_attn.k_proj.weight":
+            elif rest == "self_attn.k_proj.weight" and arch == "llama":
                 array = llama_cpp_permute(array, c.num_key_value_heads)
             add(f"blk.{layer}.{_NAMES[rest]}", array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _add_longrope(w, c) -> None:
+    """As convert_hf_to_gguf.py's Phi3MiniModel: factors as tensors, pretraining length and attention factor as keys."""
+    import math
+
+    rope = c.rope_parameters
+    original = rope["original_max_position_embeddings"]
+    scale = c.max_position_embeddings / original
+    w.add_rope_scaling_orig_ctx_len(original)
+    w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+    w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))

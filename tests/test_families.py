@@ -1,0 +1,135 @@
+"""Per family, a tiny random model built with transformers: greedy tokens identical to transformers for
+32 tokens on 4 prompts, with chunked prefill, preemption and prefix caching on; from config.json and
+(where the family has a GGUF mapping) from a GGUF."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine import ModelLoadError
+from engine.checkpoint import gguf_architecture, read_hf_directory
+from engine.cpu_kernels import fast_library
+from engine.quantized_linear import QuantizedLinear, load_kernels
+from tests.conftest import assert_no_kv_leak, make_engine, save_hf_model
+from tests.gguf_writer import write_gguf
+from tests.test_hf_equivalence import hf_greedy, run_all
+
+TOKENS = 32
+# LongRoPE with a pretraining length of 80 (< 512: an attention factor of 1.16), which prompt and generation
+# stay inside: past it transformers recomputes the whole sequence with the long factors, we do not
+# (engine/rope.py; test_longrope_tables_are_transformers_short_and_long_ones checks the long factors)
+PHI3 = dict(original_max_position_embeddings=80,
+            rope_scaling={"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                          "long_factor": [1.0 + 2.0 * i for i in range(8)]})
+FAMILIES = {"qwen3": dict(head_dim=16), "phi3": PHI3}
+
+
+def shared_prefix_prompts(n: int = 4, seed: int = 0) -> list[list[int]]:
+    """A 16-token prefix (4 blocks of 4) shared by all, then 4..20 tokens of each's own."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(3, 300, (16,), generator=g).tolist()
+    return [prefix + torch.randint(3, 300, (4 + 5 * i,), generator=g).tolist() for i in range(n)]
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """The family's tiny model with distinct norm weights (transformers initialises them to ones, under
+    which a q norm read as a k norm would pass)."""
+    path = tmp_path_factory.mktemp(request.param)
+    hf = save_hf_model(path, request.param, **FAMILIES[request.param])
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, weight in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                weight.copy_(torch.empty_like(weight).uniform_(0.5, 1.5, generator=g))
+    hf.save_pretrained(path, safe_serialization=True)
+    return request.param, str(path), hf
+
+
+def greedy_matches_hf(model_path: str, hf) -> None:
+    """token budget 8: chunked prefill; 40 blocks of 4 for 4 requests of up to 68 tokens: preemption;
+    arrivals every 3 steps: the later prompts find the first one's prefix cached. K/V in fp32: fp16 moves
+    logits by up to 1e-2 (test_hf_equivalence), past the gap of a near-tie these models have."""
+    engine = make_engine(model_path, num_kv_blocks=40, block_size=4, token_budget=8, kv_cache_dtype="fp32")
+    prompts = shared_prefix_prompts()
+    assert run_all(engine, prompts, TOKENS, arrive_every=3) == [hf_greedy(hf, p, TOKENS) for p in prompts]
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.block_manager.stats.hits > 0
+    assert_no_kv_leak(engine)
+
+
+def test_config_json_model_matches_hf(family):
+    name, path, hf = family
+    greedy_matches_hf(path, hf)
+
+
+def test_gguf_model_matches_hf(family, tmp_path):
+    name, path, hf = family
+    gguf_path = str(tmp_path / f"{name}.gguf")
+    write_gguf(hf, gguf_path)
+    greedy_matches_hf(gguf_path, hf)
+
+
+Q8_0_LAYERS = {k: 8 for k in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight",
+                              "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")}
+
+
+@pytest.mark.skipif(load_kernels() is None, reason="quantized kernels not built")
+def test_quantized_gguf_runs_on_the_kernels_as_the_family_allows(family, tmp_path):
+    """Q8_0 projections kept as stored (Phi-3's fused ones too) give the dense path's logits; the C decode
+    layer runs Phi-3's, and never Qwen3's, whose per-head q/k norms it does not have."""
+    name, path, hf = family
+    gguf_path = str(tmp_path / f"{name}-q8.gguf")
+    write_gguf(hf, gguf_path, Q8_0_LAYERS)
+    prompt = shared_prefix_prompts()[1]
+    quantized = make_engine(gguf_path, weights="quantized", quantized_max_rows=64)
+    model = quantized.runner.model
+    assert isinstance(model.model.layers[0].self_attn.qkv_proj, QuantizedLinear)
+    if fast_library() is not None:
+        assert (model.decode_layers is None) == (name == "qwen3")
+    dense = make_engine(gguf_path, weights="dense").runner.prompt_logits(prompt)
+    ours = quantized.runner.prompt_logits(prompt)
+    assert float((ours - dense).norm() / dense.norm()) < 0.02   # the kernels quantize activations to 8 bits
+
+
+def test_unsupported_architectures_are_one_line_errors_naming_the_supported(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3"}))
+    with pytest.raises(ModelLoadError, match="unsupported model_type 'gemma3': supported are llama, mistral, "
+                                             "qwen2, qwen3, phi3"):
+        read_hf_directory(str(tmp_path))
+    with pytest.raises(ModelLoadError, match="unsupported GGUF architecture 'gemma3': supported are llama, qwen2, "
+                                             "qwen3, phi3"):
+        gguf_architecture({"general.architecture": "gemma3"})
+
+
+def test_longrope_tables_are_transformers_short_and_long_ones(tmp_path):
+    """cos/sin inside the pretraining length from transformers' short frequencies, past it from its long
+    ones, both times its attention factor."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from engine.model_config import ModelConfig
+    from engine.rope import RotaryEmbedding
+
+    hf = save_hf_model(tmp_path, "phi3", **PHI3)
+    ours = RotaryEmbedding(ModelConfig.from_hf_config(json.loads((tmp_path / "config.json").read_text())), 160)
+    for positions, seq_len in ((torch.arange(0, 80), None), (torch.arange(80, 160), 81)):
+        inv_freq, factor = ROPE_INIT_FUNCTIONS["longrope"](hf.config, seq_len=seq_len)
+        angles = torch.outer(positions.double(), inv_freq.double())
+        torch.testing.assert_close(ours.cos[positions, :8], (angles.cos() * factor).float())
+        torch.testing.assert_close(ours.sin[positions, 8:], (angles.sin() * factor).float())
+
+
+def test_the_readme_table_names_what_is_supported():
+    """README.md's family table: its config.json model types and GGUF architectures are the loaders'."""
+    import re
+    from pathlib import Path
+
+    from engine.checkpoint import GGUF_ARCHITECTURES
+    from engine.model_config import HF_FAMILIES
+
+    rows = re.findall(r"^\| [^|]+ \| `(\w+)` \| `(\w+)` \|", (Path(__file__).parent.parent / "README.md").read_text(), re.M)
+    assert {hf for hf, _ in rows} == set(HF_FAMILIES)
+    assert {arch for _, arch in rows} == set(GGUF_ARCHITECTURES)
