@@ -133,3 +133,32 @@ def test_the_readme_table_names_what_is_supported():
     rows = re.findall(r"^\| [^|]+ \| `(\w+)` \| `(\w+)` \|", (Path(__file__).parent.parent / "README.md").read_text(), re.M)
     assert {hf for hf, _ in rows} == set(HF_FAMILIES)
     assert {arch for _, arch in rows} == set(GGUF_ARCHITECTURES)
+
+
+@pytest.mark.parametrize("cfg,served", [
+    ({"model_type": "mistral", "sliding_window": 64}, 64),                       # every layer slides
+    ({"model_type": "mistral", "sliding_window": None}, 512),
+    ({"model_type": "qwen2", "sliding_window": 64, "use_sliding_window": False}, 512),   # a window it does not use
+    ({"model_type": "phi3", "sliding_window": 2047, "max_position_embeddings": 4096}, 2047),   # Phi-3-mini-4k's
+])
+def test_a_sliding_window_caps_the_served_length(cfg, served):
+    """No sliding-window attention yet: up to the window full attention is the same, so that is served."""
+    from engine.model_config import ModelConfig
+
+    shape = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=512)
+    assert ModelConfig.from_hf_config(shape | cfg).max_position_embeddings == served
+
+
+def test_a_qwen3_preset_builds_with_its_norms():
+    """Random weights of a Qwen3 shape (the qwen3-0.6b preset's layout, tiny): the q/k norms are there."""
+    import dataclasses
+
+    from engine.checkpoint import dummy_checkpoint
+    from engine.model_config import PRESETS
+    from engine.model_runner import build_model
+
+    config = dataclasses.replace(PRESETS["tiny"], qk_norm=True)
+    model, _ = build_model(dummy_checkpoint(config, torch.float32, 0), torch.float32, torch.device("cpu"), 64)
+    assert model.model.layers[0].self_attn.q_norm.weight.shape == (config.head_dim,)
+    assert PRESETS["qwen3-0.6b"].qk_norm
