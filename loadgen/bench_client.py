@@ -79,6 +79,7 @@ class RequestResult:
     finish_reason: str | None = None
     finished: float | None = None
     error: str | None = None
+    status: int | None = None                 # the HTTP status; None where no response came
 
     @property
     def ok(self) -> bool:
@@ -167,8 +168,8 @@ async def _run(specs: list[RequestSpec], prompts: list[str | list[int]], options
     async with httpx.AsyncClient(base_url=options.root, headers=options.headers, limits=limits,
                                  timeout=timeout) as client:
         start = time.monotonic()
-        tasks = [asyncio.create_task(_send_at(client, start, r, _body(prompt, r.spec, model, options.endpoint),
-                                              ENDPOINTS[options.endpoint], bar))
+        tasks = [asyncio.create_task(send_at(client, start, r, request_body(prompt, r.spec, model, options.endpoint),
+                                             ENDPOINTS[options.endpoint], bar))
                  for r, prompt in zip(results, prompts)]
         _, pending = await asyncio.wait(tasks, timeout=options.max_duration_s) if tasks else (set(), set())
         for task in pending:     # closing the stream makes the server abort the request
@@ -183,7 +184,8 @@ async def _run(specs: list[RequestSpec], prompts: list[str | list[int]], options
     return BenchRun(summary, results, start, model)
 
 
-def _body(prompt: str | list[int], spec: RequestSpec, model: str, endpoint: str) -> dict[str, Any]:
+def request_body(prompt: str | list[int], spec: RequestSpec, model: str, endpoint: str) -> dict[str, Any]:
+    """A streaming request for `spec`: exactly spec.output_tokens tokens (ignore_eos), usage in the last chunk."""
     body: dict[str, Any] = {"model": model, "max_tokens": spec.output_tokens, "ignore_eos": True, "temperature": 0.0,
                             "stream": True, "stream_options": {"include_usage": True}}
     if spec.slo_class is not None:
@@ -193,12 +195,14 @@ def _body(prompt: str | list[int], spec: RequestSpec, model: str, endpoint: str)
     return {**body, "prompt": prompt}
 
 
-async def _send_at(client: httpx.AsyncClient, start: float, result: RequestResult, body: dict[str, Any],
-                   path: str, bar: tqdm) -> None:
+async def send_at(client: httpx.AsyncClient, start: float, result: RequestResult, body: dict[str, Any],
+                  path: str, bar: tqdm | None = None) -> None:
+    """Sends `body` at start + the spec's arrival time and reads its stream into `result`."""
     await asyncio.sleep(max(0.0, start + result.spec.arrival_s - time.monotonic()))
     try:
         result.sent = time.monotonic()
         async with client.stream("POST", path, json=body) as response:
+            result.status = response.status_code
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {_error_message(await response.aread())}"
                 return
@@ -206,7 +210,8 @@ async def _send_at(client: httpx.AsyncClient, start: float, result: RequestResul
     except (httpx.HTTPError, ValueError) as e:     # ValueError: a chunk that is not JSON
         result.error = f"{type(e).__name__}: {e}"
     finally:
-        bar.update(1)
+        if bar is not None:
+            bar.update(1)
 
 
 async def _read_stream(response: httpx.Response, result: RequestResult) -> None:
