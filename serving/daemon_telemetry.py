@@ -3,6 +3,8 @@ and the device sampler's readings beside them."""
 
 from __future__ import annotations
 
+from prometheus_client import ProcessCollector
+
 from engine.llm_engine import LLMEngine
 from serving.daemon_config import DaemonConfig
 from telemetry.device_sampler import DeviceSampler
@@ -19,6 +21,8 @@ class DaemonTelemetry:
         self.config = config
         self.window = TelemetryWindow(config.slo)
         self.metrics = PrometheusMetrics(config.api.served_model_name, slo=config.slo)
+        # process_resident_memory_bytes and process_start_time_seconds: a leak and a restart, for alerts
+        ProcessCollector(registry=self.metrics.registry)
         self.sampler: DeviceSampler | None = None
         self._knobs_seen: tuple[str, int] | None = None
 

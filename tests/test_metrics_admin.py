@@ -29,7 +29,7 @@ NAMES = ["autotuned:num_requests_running", "autotuned:num_requests_waiting", "au
          "autotuned:time_to_first_token_seconds", "autotuned:inter_token_latency_seconds",
          "autotuned:e2e_request_latency_seconds", "autotuned:iteration_tokens_total", "autotuned:num_preemptions",
          "autotuned:knob", "autotuned:policy_info", "autotuned:request_success", "autotuned:input_output_token_ratio",
-         "autotuned:request_goodput"]
+         "autotuned:request_goodput", "process_resident_memory_bytes", "process_start_time_seconds"]
 STEPS: list[StepRecord] = []      # every step of the module's server
 
 
