@@ -1,0 +1,108 @@
+"""What ops deploy (docs/operations.md): the systemd unit, the container image and their shared config.
+
+No systemd or Docker daemon runs here, so the unit's drain is tested with a plain process: its own
+ExecStart line and config (the model swapped for the tiny one), SIGTERM as its KillSignal during an
+in-flight request; the request finishes, and the process exits 0 within the unit's TimeoutStopSec."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.live_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+UNIT = ROOT / "deploy/autotuned-serve.service"
+CONFIG = ROOT / "deploy/config.yaml"
+
+
+def unit() -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str
+    parser.read(UNIT)
+    return parser["Service"]
+
+
+def readme_commands() -> tuple[str, str]:
+    """(install, test): the README's two set-up commands, as written there."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return blocks[0].strip(), blocks[1].strip()
+
+
+def test_the_unit_restarts_on_failure_but_not_on_a_model_that_cannot_load():
+    service = unit()
+    assert service["Restart"] == "on-failure"
+    assert service["RestartPreventExitStatus"] == "2"          # serving/cli.py: 2 is a bad model or setting
+    assert service["KillSignal"] == "SIGTERM" and service["Type"] == "exec"
+    grace = yaml.safe_load(CONFIG.read_text())["grace_s"]
+    assert float(service["TimeoutStopSec"]) >= grace + 10      # the drain, then the exit, before SIGKILL
+    assert "--config /etc/autotuned-serve/config.yaml" in service["ExecStart"]
+
+
+def test_the_image_is_built_and_tested_by_the_readmes_commands():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    install, tests = readme_commands()
+    assert f"RUN {install}\n" in dockerfile and f"RUN {tests}\n" in dockerfile
+    final = dockerfile[dockerfile.rindex("\nFROM "):]          # the image that runs
+    user = re.search(r"^USER (\S+)$", final, re.M)
+    assert user and user.group(1) not in ("root", "0")
+    assert "VOLUME /var/lib/autotuned-serve" in final and '"--state-dir", "/var/lib/autotuned-serve"' in final
+    healthcheck = re.search(r"^HEALTHCHECK .*$", final.replace("\\\n", " "), re.M).group(0)   # continuations joined
+    assert "/health" in healthcheck
+    assert '"--config", "/opt/autotuned-serve/deploy/config.yaml"' in final
+
+
+def test_sigterm_as_the_unit_sends_it_lets_the_request_in_flight_finish_and_exits_0(tiny_hf, tmp_path):
+    service = unit()
+    argv = shlex.split(service["ExecStart"])
+    assert argv[0].endswith("/.venv/bin/autotuned-serve")
+    argv = [sys.executable, "-m", "serving.cli", *argv[1:]]
+    argv[argv.index("--config") + 1] = str(CONFIG)
+    argv[argv.index("--state-dir") + 1] = str(tmp_path / "state")
+    port = free_port()
+    # the tiny model for speed; everything else (host, grace_s, engine_stall_s) as the unit runs it
+    argv += ["--model", tiny_hf[0], "--dtype", "fp32", "--no-calibrate", "--port", str(port)]
+    env = {"AUTOTUNED_SERVE_API_KEY": "deploy-test-key", "PATH": "/usr/bin:/bin"}   # as its EnvironmentFile
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else ""
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        chunks: list[dict] = []
+
+        def stream() -> None:
+            body = {"prompt": "w5 w6", "max_tokens": 300, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                chunks.extend(json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {"))
+
+        client = threading.Thread(target=stream)
+        client.start()
+        while not chunks and client.is_alive():
+            time.sleep(0.005)
+        proc.send_signal(getattr(signal, service["KillSignal"]))
+        stopped = time.monotonic()
+        client.join(60)
+        assert proc.wait(float(service["TimeoutStopSec"])) == 0
+        assert time.monotonic() - stopped < yaml.safe_load(CONFIG.read_text())["grace_s"]
+        assert chunks and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
