@@ -355,3 +355,113 @@ def test_silu_mul(case):
     np.testing.assert_allclose(y.reshape(n, inter), ref.silu_mul(gu), rtol=1e-5, atol=1e-30,
                                err_msg=f"n={n} inter={inter} {isa}")
 
+
+# ---- a whole decoder layer in one call -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LayerCase:
+    parts: tuple[tuple[T, ...], ...]   # per projection (qkv, o, gate_up, down): its parts' types
+    bias: bool                         # on q/k/v, as Qwen2's
+    interleaved: bool
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    lens: tuple[int, ...]              # keys each decode attends to, its new token's included
+    block_size: int
+    kv_fp16: bool
+    isa: str
+
+
+def draw_layer(case: int) -> LayerCase:
+    """Small layers whose every width is whole blocks (256 columns for K-quants) and whole groups of 16
+    rows; fused q/k/v and gate/up in one part or split into parts of different types."""
+    rng = rng_for("layer", case)
+    k_quants = case % 4 == 3
+    types = TYPES[4:] if k_quants else TYPES[:4]
+    kv_heads, group = (1, 4) if k_quants else (int(rng.integers(1, 3)), int(rng.integers(1, 4)))
+    head_dim = 64 if k_quants else int(rng.choice([32, 64]))
+    dims = [256] if k_quants else [32, 64, 96]
+
+    def split(count: int) -> tuple[T, ...]:
+        return tuple(types[int(i)] for i in rng.integers(0, len(types), size=int(rng.choice([1, count]))))
+
+    n = int(rng.integers(1, 25))
+    lens = tuple(int(rng.integers(1, 120)) for _ in range(n))
+    isa = pick(ISAS_HERE if case % 2 else GGUF_ISAS, case // 2)
+    return LayerCase((split(3), split(1), split(2), split(1)), bool(rng.integers(2)), bool(case % 2),
+                     int(rng.choice(dims)), kv_heads * group, kv_heads, head_dim, int(rng.choice(dims)), lens,
+                     int(rng.integers(1, 17)), bool(rng.integers(2)), isa)
+
+
+def projection(types: tuple[T, ...], rows: list[int], cols: int, bias: bool, interleaved: bool,
+               rng: np.random.Generator):
+    """A QuantizedLinear of `rows` split into len(types) parts (one part: all rows in the first type)."""
+    from engine.quantized_linear import QuantizedLinear, QuantizedPath
+    rows = rows if len(types) == len(rows) else [sum(rows)]
+    parts = []
+    for qtype, r in zip(types, rows):
+        w = QuantizedTensor.from_numpy(int(qtype), r, cols, random_blocks(qtype, r, cols, int(rng.integers(1 << 20))))
+        parts.append(KERNELS.interleave(w) if interleaved else w)
+    b = torch.from_numpy(rng.standard_normal(sum(rows)).astype(np.float32)) if bias else None
+    return QuantizedLinear(parts, b, QuantizedPath(KERNELS, max_rows=1 << 20))
+
+
+def chained_layer(c: LayerCase, proj, norms, h, x, cos, sin, slots, caches, tables, lens, scale):
+    """The layer as the model's Python path runs it: one library call per op."""
+    n = len(c.lens)
+    q = LIBRARY.rope_store(proj[0](x), HeadShape(c.heads, c.kv_heads, c.head_dim), cos, sin, slots, *caches)
+    attn = np.empty((n, c.heads, c.head_dim), dtype=np.float32)
+    assert LIBRARY.lib.paged_decode_attention(
+        q.data_ptr(), caches[0].data_ptr(), caches[1].data_ptr(), int(c.kv_fp16), ptr(tables), ptr(lens), ptr(attn),
+        n, c.heads, c.kv_heads, c.head_dim, c.block_size, tables.shape[1], scale) == 0
+    x = LIBRARY.add_rms_norm(h, proj[1](torch.from_numpy(attn.reshape(n, -1))), norms[0], 1e-5)
+    gate_up, act = proj[2](x), np.empty((n, c.inter), dtype=np.float32)
+    LIBRARY.lib.silu_mul(ctypes.c_void_p(gate_up.data_ptr()), ctypes.c_int64(n), ctypes.c_int64(c.inter),
+                         ctypes.c_void_p(ptr(act)))
+    return LIBRARY.add_rms_norm(h, proj[3](torch.from_numpy(act)), norms[1], 1e-5)
+
+
+@pytest.mark.parametrize("case", range(CASES))
+def test_decode_layer_matches_its_kernels_one_by_one(case):
+    """engine/csrc/decode_layer.c chains the kernels fuzzed above: the same results as the Python path's
+    calls one by one, from scratch buffers of exactly the sizes engine/cpu_decode.py allocates."""
+    from engine.cpu_decode import DecodeStep, LayerParams, qproj
+    c = draw_layer(case)
+    rng = rng_for("layer-data", case)
+    n, q_rows, kv_rows = len(c.lens), c.heads * c.head_dim, c.kv_heads * c.head_dim
+    with running(c.isa):
+        proj = [projection(c.parts[0], [q_rows, kv_rows, kv_rows], c.hidden, c.bias, c.interleaved, rng),
+                projection(c.parts[1], [c.hidden], q_rows, False, c.interleaved, rng),
+                projection(c.parts[2], [c.inter, c.inter], c.hidden, False, c.interleaved, rng),
+                projection(c.parts[3], [c.hidden], c.inter, False, c.interleaved, rng)]
+        attention = AttentionCase(c.lens, c.heads, c.kv_heads, c.head_dim, c.block_size, 2, 1, c.kv_fp16, c.isa)
+        _, k_cache, v_cache, tables, lens = attention_inputs(attention, rng)
+        t = np.array(c.lens) - 1          # each decode's new token: the last slot it attends to, NaN until written
+        slots = torch.from_numpy(tables[np.arange(n), t // c.block_size].astype(np.int64) * c.block_size
+                                 + t % c.block_size)
+        k_cache[slots.numpy()] = v_cache[slots.numpy()] = np.nan
+        norms = [torch.from_numpy(rng.uniform(0.5, 1.5, c.hidden).astype(np.float32)) for _ in range(2)]
+        h = torch.from_numpy(rng.standard_normal((n, c.hidden)).astype(np.float32))
+        x = torch.from_numpy(rng.standard_normal((n, c.hidden)).astype(np.float32))
+        cos, sin = (torch.from_numpy(rng.uniform(-1, 1, (n, c.head_dim)).astype(np.float32)) for _ in range(2))
+        scale = c.head_dim ** -0.5
+        caches = [torch.from_numpy(k_cache.copy()), torch.from_numpy(v_cache.copy())]
+        h_chain = h.clone()
+        expected = chained_layer(c, proj, norms, h_chain, x.clone(), cos, sin, slots, caches, tables, lens, scale)
+
+        params = LayerParams(*map(qproj, proj), norms[0].data_ptr(), norms[1].data_ptr(), 1e-5, c.hidden, c.heads,
+                             c.kv_heads, c.head_dim, c.inter)
+        scratch = [np.empty(n * width, dtype=np.float32) for width in
+                   (proj[0].out_features, q_rows, q_rows, c.hidden, 2 * c.inter, c.inter)]
+        step = DecodeStep(n, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), ptr(tables), ptr(lens), c.block_size,
+                          tables.shape[1], scale, int(c.kv_fp16), *map(ptr, scratch))
+        LIBRARY.lib.decode_layer.argtypes = [ctypes.POINTER(LayerParams), ctypes.POINTER(DecodeStep)] + [ctypes.c_void_p] * 4
+        rc = LIBRARY.lib.decode_layer(ctypes.byref(params), ctypes.byref(step), h.data_ptr(), x.data_ptr(),
+                                      ptr(k_cache), ptr(v_cache))
+    assert rc == 0, c
+    torch.testing.assert_close(h, h_chain, rtol=1e-6, atol=1e-6, msg=lambda m: f"{c}: {m}")
+    torch.testing.assert_close(x, expected, rtol=1e-6, atol=1e-6, msg=lambda m: f"{c}: {m}")
+    np.testing.assert_array_equal(k_cache, caches[0].numpy(), err_msg=str(c))
+    np.testing.assert_array_equal(v_cache, caches[1].numpy(), err_msg=str(c))
