@@ -337,7 +337,7 @@ AVX512_INLINE static inline void group_dot_nib_avx512(int type, const uint8_t *g
 }
 
 /* as group_dot_scalar for Q8_0 (int8 weights, no sub-scales or offsets: int16 pairs on vpdpwssd), na <=
- * NA_X16; na is a constant in each caller (FOR_NA), so the accumulators stay in registers */
+ * NA_X16; na is a constant in each caller (FOR_NA_Q8), so the accumulators stay in registers */
 AVX512_INLINE static inline void group_dot_q8_avx512(const uint8_t *gw, const block_a16 *a, int64_t nb32, int na,
                                                      float *out) {
     const x16_format f = format_of(T_Q8_0);
