@@ -237,11 +237,10 @@ class Controller:
         """A part of the tuner that failed (stage: warm_start, sample, storage): counted (/metrics,
         `tuner status`), written to the decision log, whose report lists it, and logged as an ERROR
         once per cause (a storage that stays broken fails every window)."""
-        if self.failures.record(stage, cause, self.target.now() - self.start):
+        new = self.failures.record(stage, cause, self.target.now() - self.start)
+        if new:
             log.error("tuner: %s failed: %s%s", stage.replace("_", " "), cause, FAILURE_CONSEQUENCE.get(stage, ""))
-        else:
-            log.debug("tuner: %s failed again: %s", stage, cause)
-        self._decide("failure", None, self.target.knobs(), None, stage=stage, cause=cause)
+        self._decide("failure", None, self.target.knobs(), None, quiet=not new, stage=stage, cause=cause)
 
     # -- choosing --
     def _completed(self) -> list[optuna.trial.FrozenTrial]:
@@ -475,15 +474,18 @@ class Controller:
         self.exploring_violations += exploring and not result.feasible
 
     def _decide(self, action: str, trial: int | None, knobs: Knobs, result: Score | None,
-                window: WindowSummary | None = None, **extra: Any) -> None:
+                window: WindowSummary | None = None, quiet: bool = False, **extra: Any) -> None:
+        """To the decision log, the log and the listeners (/metrics); `quiet`: to the listeners only (the
+        same failure again, every window, while a storage stays broken)."""
         entry = {"t": round(self.target.now() - self.start, 3), "regime": self.regime.key if self.regime else None,
                  "action": action, "trial": trial,
                  "knobs": {k: v for k, v in knobs.as_dict().items() if k != "version"},
                  "context": WorkloadContext.of(window).as_dict() if window else None,
                  "window": _window_dict(window) if window else None,
                  "violated": None if result is None else not result.feasible, **extra}
-        self.state.log_decision(entry)
-        log.info("tuner decision %s", entry)
+        if not quiet:
+            self.state.log_decision(entry)
+            log.info("tuner decision %s", entry)
         for listener in self.listeners:
             listener(entry)
 

@@ -140,6 +140,8 @@ def test_a_storage_turned_read_only_while_tuning_holds_the_last_good_knobs(cost,
     failures = controller.failures.as_dict()
     assert failures["storage"]["count"] >= 2
     assert "attempt to write a readonly database" in failures["storage"]["last_cause"]
+    said = [r.levelname for r in caplog.records if "readonly database" in r.getMessage()]
+    assert said == ["ERROR", "INFO"], said          # the error and its decision once, not a line a window
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert [r for r in errors if "readonly database" in r.getMessage()].__len__() == 1, [r.getMessage() for r in errors]
     assert [r for r in errors if "decisions.jsonl" in r.getMessage()].__len__() == 1
