@@ -42,7 +42,7 @@ class ApiConfig:
     retry_after_s: int = 1
     api_key: str | None = None              # required on /admin whenever set
     slo_classes: SloClasses = field(default_factory=shipped_slo_classes)   # what `slo_class` may name
-    engine_stall_s: float | None = 120.0    # a step running longer is the engine's death (None: never)
+    engine_stall_s: float | None = 600.0    # a step running longer is the engine's death (None: never)
 
 
 class ApiError(Exception):

@@ -99,7 +99,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace-s", type=float, default=None, help="on SIGTERM, how long in-flight requests may finish")
     p.add_argument("--engine-stall-s", type=float, default=None,
                    help="an engine step running longer than this is the engine's death: open requests end with "
-                   "an error and the daemon exits 3 for its supervisor to restart it (default 120; 0: never)")
+                   "an error and the daemon exits 3 for its supervisor to restart it (default 600, above a big model's "
+                   "whole-prompt step on the CPU; 0: never)")
     p.add_argument("--slo-classes", default=None, help="YAML file of the SLO classes requests may name "
                    "(default configs/slo_classes.yaml; the config's `slo` re-targets the default class)")
     p.add_argument("--state-dir", default=None, help="where tuner state lives (default ./state)")

@@ -42,7 +42,8 @@ class Settings:
     max_body_bytes: int = 1 << 20
     default_max_tokens: int = 256
     grace_s: float = 30.0
-    engine_stall_s: float = 120.0     # a step running longer is the engine's death: the daemon exits (0: never)
+    engine_stall_s: float = 600.0     # a step running longer is the engine's death: the daemon exits (0: never);
+                                      # above the longest real step (a whole prompt of a big model on the CPU)
     policy: str = "deadline"          # steps sized to the running requests' TBT slack (policies/deadline.py)
     knobs: dict[str, Any] = field(default_factory=lambda: {"token_budget": 2048})   # a cap: deadline sizes steps by time
     slo: dict[str, float] = field(default_factory=dict)    # the default SLO class's targets (ttft_s, tbt_s)
