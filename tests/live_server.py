@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +21,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 60) -> None:
+    """Until a daemon started as `proc` answers /health with 200; fails with its output if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline, str(proc.communicate()) if proc.poll() else ""
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+
+
+def stream_completion(url: str, chunks: list[dict]) -> None:
+    """A 300-token streamed completion of the tiny model, its chunks appended as they come."""
+    body = {"prompt": "w5 w6", "max_tokens": 300, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        chunks.extend(json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {"))
 
 
 class LiveServer:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -10,9 +9,7 @@ import sys
 import threading
 import time
 
-import httpx
-
-from tests.live_server import free_port
+from tests.live_server import free_port, stream_completion, wait_healthy
 
 
 def test_sigterm_lets_in_flight_requests_finish_and_exits_zero(tiny_hf, tmp_path):
@@ -24,23 +21,9 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_zero(tiny_hf, tmp_path
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_healthy(proc, url)
         chunks: list[dict] = []
-
-        def stream() -> None:
-            body = {"prompt": "w5 w6", "max_tokens": 300, "stream": True, "ignore_eos": True}
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        chunks.append(json.loads(line[6:]))
-
-        client = threading.Thread(target=stream)
+        client = threading.Thread(target=stream_completion, args=(url, chunks))
         client.start()
         started = time.monotonic() + 60
         while not chunks:

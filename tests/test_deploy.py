@@ -7,7 +7,6 @@ in-flight request; the request finishes, and the process exits 0 within the unit
 from __future__ import annotations
 
 import configparser
-import json
 import re
 import shlex
 import signal
@@ -17,10 +16,9 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import yaml
 
-from tests.live_server import free_port
+from tests.live_server import free_port, stream_completion, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy/autotuned-serve.service"
@@ -77,22 +75,9 @@ def test_sigterm_as_the_unit_sends_it_lets_the_request_in_flight_finish_and_exit
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else ""
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_healthy(proc, url)
         chunks: list[dict] = []
-
-        def stream() -> None:
-            body = {"prompt": "w5 w6", "max_tokens": 300, "stream": True, "ignore_eos": True}
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
-                chunks.extend(json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {"))
-
-        client = threading.Thread(target=stream)
+        client = threading.Thread(target=stream_completion, args=(url, chunks))
         client.start()
         while not chunks and client.is_alive():
             time.sleep(0.005)

@@ -18,7 +18,7 @@ from engine.llm_engine import LLMEngine
 from serving.api_server import ApiConfig
 from serving.engine_loop import EngineLoop
 from tests.conftest import make_engine
-from tests.live_server import LiveServer, free_port
+from tests.live_server import LiveServer, free_port, wait_healthy
 
 MODEL = "tiny"
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,14 +192,7 @@ def test_the_daemon_exits_non_zero_within_seconds_of_the_engines_death(tiny_hf, 
                              "fp32", "--port", str(port), "--state-dir", str(tmp_path), "--no-calibrate", "--no-tune"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_healthy(proc, url)
         threads, outputs = start_streams(url, 1)
         trigger.touch()
         faulted = time.monotonic()
