@@ -81,14 +81,35 @@ class Router:
         self.sent_tokens: dict[str, int] = dict.fromkeys(self.replicas, 0)   # routed since the last load answer
         self._turn = itertools.count()
 
+    # -- which replicas there are (the planner adds and removes them) --
+    def add_replica(self, replica: str) -> None:
+        """A replica that joins (scale-up): routed to once its load answers healthy."""
+        if replica not in self.loads:
+            self.replicas.append(replica)
+            self.loads[replica] = ReplicaLoad(healthy=False)
+            self.sent_tokens[replica] = 0
+
+    def remove_replica(self, replica: str) -> None:
+        """A replica that leaves (scale-down): no new request goes to it, and the index forgets
+        its prefixes, so no request is pulled towards a cache that is going away. What it is
+        serving is the caller's to finish (the ingress waits for its in-flight requests)."""
+        if replica in self.loads:
+            self.replicas.remove(replica)
+            del self.loads[replica], self.sent_tokens[replica]
+            self.index.forget(replica)
+
     # -- what the replicas say --
     def update(self, replica: str, load: ReplicaLoad) -> None:
+        if replica not in self.loads:       # removed while its answer was on the way
+            return
         if load.incarnation != self.loads[replica].incarnation:
             self.index.forget(replica)
         self.loads[replica] = load
         self.sent_tokens[replica] = 0
 
     def mark_unhealthy(self, replica: str) -> None:
+        if replica not in self.loads:
+            return
         old = self.loads[replica]
         self.loads[replica] = ReplicaLoad(old.queued_tokens, old.running_tokens, False, old.incarnation)
 

@@ -1,0 +1,30 @@
+"""What the planner reads of the fleet each interval: the same fields from the live ingress and
+from the fleet simulator, so the planner is tested and tuned without Ray."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FleetTelemetry:
+    interval_s: float
+    arrivals: int                     # requests that arrived in the interval
+    prompt_tokens: float = 0.0        # their mean prompt length
+    output_tokens: float = 0.0        # their mean max_tokens (the output they may generate)
+    cached_fraction: float = 0.0      # prefix hit rate: prompt tokens found cached / prompt tokens
+    kv_usage: float = 0.0             # mean KV-cache usage of the serving replicas (0-1)
+    finished: int = 0                 # requests that finished in the interval
+    ttft_s: float | None = None       # their mean TTFT
+    tpot_s: float | None = None       # their mean time per output token after the first
+    attainment: float | None = None   # share of them within their SLO class's targets
+    serving: int = 0                  # replicas taking requests
+    starting: int = 0                 # replicas loading their model
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0 or self.arrivals < 0 or self.finished < 0:
+            raise ValueError("telemetry: interval_s must be > 0, arrivals and finished >= 0")
+
+    @property
+    def rate_rps(self) -> float:
+        return self.arrivals / self.interval_s

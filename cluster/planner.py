@@ -1,0 +1,78 @@
+"""The SLO planner: every interval, the fleet's telemetry in, a replica count out (pure: no Ray;
+cluster/planner_service.py runs it in the ingress, cluster/fleet_run.py in the fleet simulator).
+
+    forecast = forecaster(the past intervals' arrival rates, horizon = start-up + interval)
+    per replica = capacity of the observed mix (prompt/output lengths, prefix hit rate),
+                  its prefill and decode parts scaled by observed/profiled TTFT and TPOT
+    wanted = ceil(forecast x (1 + headroom) / per replica), + 1 if the interval missed the SLO target
+    target = wanted when it is more than now (at once); less only after it has wanted less for
+             scale_down_delay_s (then the most it wanted meanwhile); within min/max replicas
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from cluster.fleet_sizing import latency_factors, replicas_for
+from cluster.fleet_telemetry import FleetTelemetry
+from cluster.forecast import forecast
+from cluster.planner_config import PlannerConfig
+from cluster.replica_capacity import ReplicaCapacity
+
+HISTORY = 240        # intervals of rates the forecaster sees
+
+
+@dataclass(frozen=True)
+class PlanDecision:
+    target: int                 # replicas (serving + starting) wanted from now on
+    wanted: int                 # what the load asked for before hysteresis and bounds
+    forecast_rps: float
+    per_replica_rps: float
+    prefill_factor: float
+    decode_factor: float
+    reason: str                 # up | down | hold | slo (attainment below target) | bounds
+
+
+class Planner:
+    def __init__(self, config: PlannerConfig, capacity: ReplicaCapacity) -> None:
+        self.config, self.capacity = config, capacity
+        self.rates: deque[float] = deque(maxlen=HISTORY)
+        self.current = config.min_replicas
+        self._low_since: float | None = None      # when the load started wanting fewer replicas
+        self._low_max = 0                         # the most it wanted since
+
+    def decide(self, telemetry: FleetTelemetry, now: float) -> PlanDecision:
+        c = self.config
+        self.rates.append(telemetry.rate_rps)
+        predicted = forecast(self.rates, c.forecaster, c.alpha, c.beta, c.horizon_intervals)
+        prefill, decode = latency_factors(telemetry, self.capacity, c)
+        per_replica = self.capacity.rate_for(telemetry.prompt_tokens or self.capacity.prompt_tokens,
+                                             telemetry.output_tokens or self.capacity.output_tokens,
+                                             telemetry.cached_fraction, prefill, decode)
+        wanted = replicas_for(predicted, per_replica, c.headroom)
+        missed = telemetry.attainment is not None and telemetry.finished >= c.min_samples \
+            and telemetry.attainment < c.slo_target
+        if missed:
+            wanted = max(wanted, telemetry.serving + telemetry.starting + 1)
+        target, reason = self._hysteresis(wanted, now)
+        bounded = min(max(target, c.min_replicas), c.max_replicas)
+        if missed and target > self.current:
+            reason = "slo"
+        if bounded != target:
+            reason = "bounds"
+        self.current = bounded
+        return PlanDecision(bounded, wanted, predicted, per_replica, prefill, decode, reason)
+
+    def _hysteresis(self, wanted: int, now: float) -> tuple[int, str]:
+        if wanted >= self.current:
+            self._low_since = None
+            return wanted, "up" if wanted > self.current else "hold"
+        if self._low_since is None:
+            self._low_since, self._low_max = now, wanted
+        self._low_max = max(self._low_max, wanted)
+        if now - self._low_since >= self.config.scale_down_delay_s:
+            target = self._low_max
+            self._low_since = None
+            return target, "down"
+        return self.current, "hold"
