@@ -128,9 +128,10 @@ class DayRun:
     def run(self, specs: Sequence[RequestSpec], duration_s: float) -> DayResult:
         pending = iter(sorted(specs, key=lambda s: s.arrival_s))
         nxt = next(pending, None)
-        now, next_plan, next_sample, recent = 0.0, self.scaler.interval_s, SAMPLE_S, 0
+        now, next_plan, next_sample, recent, ticks = 0.0, self.scaler.interval_s, SAMPLE_S, 0, 0
         while now < duration_s or nxt is not None or self.backlog or any(not r.sim.done for r in self.fleet.live()):
-            end = now + TICK_S
+            ticks += 1
+            end = round(ticks * TICK_S, 9)          # counted, not summed: 25 ticks end at 5.0, not 5.000000000000001
             self.scaler.observe(now, self._poll_loads(now))
             self.backlog = [s for s in self.backlog if not self._route(s)]
             while nxt is not None and nxt.arrival_s < end:

@@ -1,0 +1,195 @@
+"""A simulated day of an H100 + Llama-3.1-8B fleet on Ray Serve's router model: goodput per
+replica-hour of the SLO planner (its parameters tuned by Optuna on another day of the same
+regime) against a static fleet sized for the peak and Ray Serve's default autoscaler (target
+ongoing requests per replica, tuned to its best on the measured day), each at >= 99% of requests
+within their SLO class (docs/cluster.md, "Sizing the fleet").
+
+    nice -n 19 .venv/bin/python benchmarks/fleet_day.py --json docs/results/fleet_day.json \
+        --plot docs/results/fleet_day.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_common import MachineInfo  # noqa: E402
+from cluster.capacity_profile import profile_replica  # noqa: E402
+from cluster.fleet_run import DayResult, run_day  # noqa: E402
+from cluster.fleet_scalers import PlannerScaler, StaticScaler  # noqa: E402
+from cluster.planner import Planner  # noqa: E402
+from cluster.planner_config import PlannerConfig  # noqa: E402
+from cluster.planner_tuning import tune_planner  # noqa: E402
+from cluster.ray_default_scaler import RayDefaultConfig, RayDefaultScaler  # noqa: E402
+from loadgen.fleet_traffic import DiurnalShape, RateCurve, day_requests  # noqa: E402
+from loadgen.workload import Workload, load_workload, parse_workload  # noqa: E402
+from policies import Knobs  # noqa: E402
+from simulation.profile_cost_model import ProfileCostModel  # noqa: E402
+from simulation.workload_run import make_simulator  # noqa: E402
+
+SHAREGPT4 = {"kind": "lognormal", "prompt": {"mean": 2666, "sigma": 0.93, "min": 16, "max": 7168},
+             "output": {"mean": 481, "sigma": 0.545, "min": 8, "max": 1024}}
+ARXIV = {"kind": "lognormal", "prompt": {"mean": 2808, "sigma": 0.238, "min": 256, "max": 3840},
+         "output": {"mean": 203, "sigma": 0.625, "min": 8, "max": 1024}}
+# GPU-scale regimes: chat is ShareGPT4 conversations (the project's GPU chat workload, configs/
+# workloads.yaml `sharegpt4`); mixed-classes is that chat (interactive class) with arXiv
+# summarization arriving at a tenth of its rate (batch class), as `mixed-classes` mixes them on the CPU.
+REGIMES = {
+    "chat": {"phases": [{"name": "chat", "arrival": "poisson", "lengths": SHAREGPT4, "slo_class": "interactive"}]},
+    "mixed-classes": {"phases": [{"name": "mixed", "streams": [
+        {"name": "chat", "rate": 1.0, "lengths": SHAREGPT4, "slo_class": "interactive"},
+        {"name": "summarization", "rate": 0.1, "lengths": ARXIV, "slo_class": "batch"}]}]},
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--profile", default="h100-llama3.1-8b")
+    p.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
+    p.add_argument("--day-s", type=float, default=1440.0, help="the simulated day's length (86400: a real day)")
+    p.add_argument("--peak-replicas", type=float, default=2.0, help="the sinusoid's peak, in replicas at capacity")
+    p.add_argument("--startup-s", type=float, default=30.0, help="a new replica's model load")
+    p.add_argument("--bursts", type=float, default=1.0, help="bursts per day (3-5x)")
+    p.add_argument("--burst-s", type=float, nargs=2, default=[5.0, 15.0], help="burst length range")
+    p.add_argument("--noise-period-s", type=float, default=20.0)
+    p.add_argument("--trials", type=int, default=6, help="Optuna trials of the planner per regime")
+    p.add_argument("--ray-targets", type=float, nargs="+", default=[4, 8, 16, 32])
+    p.add_argument("--ray-downscale-delay-s", type=float, default=60.0)
+    p.add_argument("--max-replicas", type=int, default=16)
+    p.add_argument("--slo-target", type=float, default=0.99)
+    p.add_argument("--seed", type=int, default=1, help="the measured day; the tuning day is seed + 100")
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    started = time.time()
+    cost = ProfileCostModel.named(args.profile)
+    results = {"command": " ".join(["python", *sys.argv]), "machine": MachineInfo.collect().as_dict(),
+               "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+               "settings": vars(args), "regimes": {}}
+    for name in args.regimes:
+        results["regimes"][name] = regime(args, cost, parse_workload(name, REGIMES[name]))
+        print(json.dumps({name: {k: v for k, v in results["regimes"][name].items() if k != "timeline"}}, indent=1),
+              flush=True)
+    results["wall_s"] = time.time() - started
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    if args.plot:
+        plot(results, args.plot)
+
+
+def regime(args, cost, workload: Workload) -> dict:
+    capacity = profile_replica(workload, cost, slo_target=args.slo_target)
+    shape = DiurnalShape(peak_rps=args.peak_replicas * capacity.rate_rps, day_s=args.day_s,
+                         noise_period_s=args.noise_period_s, bursts_per_day=args.bursts,
+                         burst_length_s=tuple(args.burst_s))
+    day = RateCurve.draw(shape, args.seed)
+    tuning_day = RateCurve.draw(shape, args.seed + 100)
+    specs, tuning_specs = day_requests(workload, day, args.seed), day_requests(workload, tuning_day, args.seed + 100)
+    make = lambda: make_simulator(cost, "deadline", Knobs())  # noqa: E731
+    initial = max(1, math.ceil(day.rate(0.0) / capacity.rate_rps))
+
+    def simulate(scaler, day_specs, warm: int | None = initial) -> DayResult:
+        return run_day(day_specs, make, scaler, args.startup_s, args.day_s, initial_replicas=warm)
+
+    base = PlannerConfig(max_replicas=args.max_replicas, startup_s=args.startup_s, slo_target=args.slo_target)
+    tuned = tune_planner(lambda c: simulate(PlannerScaler(Planner(c, capacity), initial), tuning_specs),
+                         base, args.trials, seed=args.seed)
+    planner_scaler = PlannerScaler(Planner(tuned.config, capacity), initial)
+    planner = simulate(planner_scaler, specs)
+    ray_runs = {target: simulate(RayDefaultScaler(RayDefaultConfig(target, 1, args.max_replicas,
+                                                                   downscale_delay_s=args.ray_downscale_delay_s),
+                                                  initial), specs) for target in args.ray_targets}
+    static = static_for_peak(lambda n: simulate(StaticScaler(n), specs, warm=None),
+                             math.ceil(shape.peak_rps / capacity.rate_rps),
+                             math.ceil(day.max_rate() / capacity.rate_rps), args.slo_target)
+    ray_best = best(ray_runs, args.slo_target)
+    return {
+        "capacity": dataclasses.asdict(capacity), "requests": len(specs), "bursts": [dataclasses.asdict(b) for b in day.bursts],
+        "planner_config": dataclasses.asdict(tuned.config), "tuning_trials": tuned.trials,
+        "planner": planner.summary(), "static": {str(n): r.summary() for n, r in static.items()},
+        "ray_default": {str(t): r.summary() for t, r in ray_runs.items()}, "ray_default_best_target": ray_best,
+        "ratios": ratios(planner, static, ray_runs, ray_best, args.slo_target),
+        "timeline": {"planner": [dataclasses.asdict(p) for p in planner.timeline],
+                     "ray_default": [dataclasses.asdict(p) for p in ray_runs[ray_best].timeline] if ray_best else [],
+                     "rate_curve": [[t, day.rate(t)] for t in range(0, int(args.day_s), 5)]},
+        "plan": [{"t": t, **dataclasses.asdict(d)} for t, d in planner_scaler.decisions],
+    }
+
+
+def static_for_peak(run, low: int, high: int, slo_target: float) -> dict[int, DayResult]:
+    """The smallest static fleet that keeps the SLO target: bisection between the sinusoid's peak
+    in replicas and the highest burst's (checked first)."""
+    runs: dict[int, DayResult] = {high: run(high)}
+    if runs[high].attainment < slo_target:
+        return runs
+    low = min(low, high) - 1         # assumed short of the target (one replica under the peak)
+    while high - low > 1:
+        mid = (low + high) // 2
+        runs[mid] = run(mid)
+        low, high = (low, mid) if runs[mid].attainment >= slo_target else (mid, high)
+    return runs
+
+
+def best(runs: dict, slo_target: float):
+    feasible = {k: r for k, r in runs.items() if r.attainment >= slo_target}
+    pool = feasible or runs
+    key = (lambda k: pool[k].goodput_per_replica_hour) if feasible else (lambda k: pool[k].attainment)
+    return max(pool, key=key) if pool else None
+
+
+def ratios(planner: DayResult, static: dict, ray_runs: dict, ray_best, slo_target: float) -> dict:
+    static_best = best(static, slo_target)
+    out = {"planner_meets_slo": planner.attainment >= slo_target}
+    if static_best is not None:
+        s = static[static_best]
+        out |= {"static_replicas": static_best, "static_meets_slo": s.attainment >= slo_target,
+                "vs_static": planner.goodput_per_replica_hour / s.goodput_per_replica_hour}
+    if ray_best is not None:
+        r = ray_runs[ray_best]
+        out |= {"ray_meets_slo": r.attainment >= slo_target,
+                "vs_ray_default": planner.goodput_per_replica_hour / r.goodput_per_replica_hour}
+    return out
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = results["regimes"]
+    fig, axes = plt.subplots(len(regimes), 1, figsize=(10, 3.6 * len(regimes)), squeeze=False)
+    for ax, (name, r) in zip(axes[:, 0], regimes.items()):
+        per_replica = r["capacity"]["rate_rps"]
+        curve = r["timeline"]["rate_curve"]
+        ax.plot([t for t, _ in curve], [v / per_replica for _, v in curve], color="0.6", lw=0.8,
+                label="arrival rate / one replica's capacity")
+        for key, color in (("planner", "C0"), ("ray_default", "C3")):
+            points = r["timeline"][key]
+            ax.step([p["t"] for p in points], [p["serving"] + p["starting"] for p in points], where="post",
+                    color=color, label=f"{key.replace('_', ' ')} replicas")
+        static_n = r["ratios"].get("static_replicas")
+        if static_n:
+            ax.axhline(static_n, color="C2", ls="--", label=f"static for the peak ({static_n})")
+        ax.set_title(f"{name}: H100 + Llama-3.1-8B replicas against load (day of {results['settings']['day_s']:.0f} s)")
+        ax.set_xlabel("simulated time (s)")
+        ax.set_ylabel("replicas")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
