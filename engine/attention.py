@@ -58,8 +58,9 @@ class PrefillChunk:
     query_start: int
     query_len: int
     context_len: int
-    slots: torch.Tensor | None           # cache slots of positions [0, context_len + query_len); None for a first chunk
-    mask: torch.Tensor | None            # [query_len, context_len + query_len] True where attended (causal with offset)
+    slots: torch.Tensor | None           # cache slots of the keys attended [key_start, context_len + query_len); None
+                                         # for a first chunk, whose own keys are all there is
+    mask: torch.Tensor | None            # [query_len, keys] True where attended; None: plain causal (a first chunk)
     rows: torch.Tensor | None = None     # derived on the first layer, see TorchAttention._rows
     bias: torch.Tensor | None = None
 
@@ -76,6 +77,9 @@ class TorchAttentionMetadata:
     decode_rows: torch.Tensor | None = None     # [D * KVH * W] rows of the cache viewed as [slots * KVH, Dh]
     decode_bias: torch.Tensor | None = None     # decode_mask as 0 / -inf in the query dtype
     decode_buffers: torch.Tensor | None = None  # [2, D * KVH * W, Dh]: this step's gathered keys and values
+    # the sliding-window layers' metadata (prepare_step): this object itself where no query's window
+    # leaves out a key; None where the model has no sliding layers
+    sliding: TorchAttentionMetadata | None = None
 
 
 class TorchAttention:
@@ -94,20 +98,14 @@ class TorchAttention:
     def __init__(self, scale: float) -> None:
         self.scale = scale
 
-    def prepare(self, layout: BatchLayout, device: torch.device) -> TorchAttentionMetadata:
-        d = layout.num_decodes
+    def prepare(self, layout: BatchLayout, device: torch.device, window: int | None = None) -> TorchAttentionMetadata:
+        """window: each query attends to the `window` keys up to itself (a sliding-window layer's view)."""
         decode_slots = decode_mask = None
-        if d:
-            lens = layout.seq_lens[:d]
-            width = int(lens.max())
-            tables = block_table_matrix(layout, -(-width // layout.block_size))
-            positions = np.arange(width)
-            slots = tables[:, positions // layout.block_size] * layout.block_size + positions % layout.block_size
-            attended = positions[None, :] < lens[:, None]
-            decode_slots = _to(np.where(attended, slots, 0), device)
-            decode_mask = _to(attended, device, torch.bool)[:, None, None, :]
-        return TorchAttentionMetadata(_to(layout.slot_mapping(), device), d, decode_slots, decode_mask,
-                                      prefill_chunks(layout, device))
+        if layout.num_decodes:
+            decode_slots, decode_mask = decode_keys(layout, window)
+            decode_slots, decode_mask = _to(decode_slots, device), _to(decode_mask, device, torch.bool)[:, None, None, :]
+        return TorchAttentionMetadata(_to(layout.slot_mapping(), device), layout.num_decodes, decode_slots, decode_mask,
+                                      prefill_chunks(layout, device, window))
 
     def attend_qkv(self, qkv, heads: HeadShape, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
         return self.attend(*split_rotated(qkv, heads, cos, sin), k_cache, v_cache, meta)
@@ -152,12 +150,13 @@ class TorchAttention:
 
     def _prefill(self, q, k, v, k_cache, v_cache, chunk: PrefillChunk) -> torch.Tensor:
         kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+        if chunk.mask is not None and chunk.bias is None:
+            chunk.bias = _additive(chunk.mask, q.dtype)
         if chunk.slots is None:   # a first chunk: its own keys are all there is
-            return _grouped_sdpa(q, k.transpose(0, 1), v.transpose(0, 1), None, self.scale)
+            return _grouped_sdpa(q, k.transpose(0, 1), v.transpose(0, 1), chunk.bias, self.scale)
         if chunk.rows is None:
             chunk.rows = self._rows(chunk.slots, kv_heads)
-            chunk.bias = _additive(chunk.mask, q.dtype)
-        shape = (kv_heads, chunk.context_len + chunk.query_len, head_dim)
+        shape = (kv_heads, chunk.slots.shape[0], head_dim)
         # the chunk's own keys were just written, so one gather from the cache covers context and chunk
         keys = k_cache.view(-1, head_dim).index_select(0, chunk.rows).view(shape).to(q.dtype)
         values = v_cache.view(-1, head_dim).index_select(0, chunk.rows).view(shape).to(q.dtype)
@@ -177,15 +176,45 @@ def block_table_matrix(layout: BatchLayout, width: int, dtype=np.int64) -> np.nd
     return tables
 
 
-def prefill_chunks(layout: BatchLayout, device: torch.device) -> list[PrefillChunk]:
-    """Per prefill chunk of the step: its cache slots (context and chunk) and causal mask."""
+def decode_keys(layout: BatchLayout, window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The decodes' keys: cache slots [decodes, W] (padded with slot 0) and where they are attended, each
+    decode's keys being its last `window` positions (all of them where window is None)."""
+    lens = layout.seq_lens[:layout.num_decodes]
+    starts = np.maximum(lens - window, 0) if window else np.zeros_like(lens)
+    positions = starts[:, None] + np.arange(int((lens - starts).max()))
+    tables = block_table_matrix(layout, -(-int(lens.max()) // layout.block_size))
+    slots = np.take_along_axis(tables, positions // layout.block_size, axis=1) * layout.block_size
+    attended = positions < lens[:, None]
+    return np.where(attended, slots + positions % layout.block_size, 0), attended
+
+
+def prefill_chunks(layout: BatchLayout, device: torch.device, window: int | None = None) -> list[PrefillChunk]:
+    """Per prefill chunk of the step: the cache slots of its keys (context and chunk) and its mask: causal,
+    and with a window, a query at position p sees keys (p - window, p]."""
     starts, chunks = layout.query_starts, []
     for i in range(layout.num_decodes, layout.num_seqs):
         ctx, n = int(layout.context_lens[i]), int(layout.query_lens[i])
-        slots = _to(layout.slots(i, 0, ctx + n), device) if ctx else None
-        mask = torch.ones(n, ctx + n, dtype=torch.bool, device=device).tril(diagonal=ctx) if ctx else None
+        key_start = max(ctx - window + 1, 0) if window else 0   # keys before it no query of the chunk sees
+        slots = _to(layout.slots(i, key_start, ctx + n), device) if ctx else None
+        mask = None
+        if ctx or (window and n > window):
+            query_pos = torch.arange(ctx, ctx + n, device=device)[:, None]
+            key_pos = torch.arange(key_start, ctx + n, device=device)[None, :]
+            mask = key_pos <= query_pos
+            if window:
+                mask &= key_pos > query_pos - window
         chunks.append(PrefillChunk(int(starts[i]), n, ctx, slots, mask))
     return chunks
+
+
+def prepare_step(backend: AttentionBackend, layout: BatchLayout, device: torch.device, window: int | None) -> Any:
+    """A step's attention metadata, with meta.sliding for a model with sliding-window layers: the same
+    object while no sequence of the step is longer than the window (full attention is the same there)."""
+    meta = backend.prepare(layout, device)
+    if window is not None:
+        longest = int(layout.seq_lens.max()) if layout.num_seqs else 0
+        meta.sliding = meta if longest <= window else backend.prepare(layout, device, window)
+    return meta
 
 
 def _grouped_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,

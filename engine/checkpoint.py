@@ -2,7 +2,7 @@
 
 Every reader returns a Checkpoint with a ModelConfig and a state dict in Hugging Face's
 LlamaForCausalLM naming (float32 or the checkpoint's dtype; Qwen3's q_norm/k_norm beside it, Phi-3's
-projections fused as it stores them: qkv_proj, gate_up_proj); `fuse_projections` then maps it onto
+projections fused as it stores them: qkv_proj, gate_up_proj; Gemma 3's four norms per layer, as 1 + w); `fuse_projections` then maps it onto
 engine.model's fused layout. With weights "auto" or "quantized", a GGUF's quantized matrices stay as
 stored (Checkpoint.quantized, engine/quantized_linear.py) instead of being dequantized.
 """
@@ -23,7 +23,7 @@ import torch
 
 from engine.errors import ModelLoadError
 from engine.hub_cache import looks_like_repo_id, resolve_repo_id
-from engine.model_config import PRESETS, ModelConfig, RopeScaling, cap_to_window, rope_scaling_from
+from engine.model_config import FULL, PRESETS, SLIDING, ModelConfig, RopeScaling, cap_to_window, rope_scaling_from
 from engine.quantized_linear import QuantizedTensor, is_supported, load_kernels
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,9 @@ def hf_parameter_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                        p + "self_attn.v_proj.bias": (kv,)}
         if c.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,)}
+        if c.family == "gemma3":
+            shapes |= {p + "pre_feedforward_layernorm.weight": (c.hidden_size,),
+                       p + "post_feedforward_layernorm.weight": (c.hidden_size,)}
     return shapes
 
 
@@ -165,12 +168,34 @@ def read_hf_directory(path: str) -> Checkpoint:
         state: dict[str, torch.Tensor] = {}
         for name in files:
             state.update(load_file(os.path.join(path, name)))
+        if config.family == "gemma3":
+            state = gemma_text_state(state)
         if "lm_head.weight" not in state:   # a checkpoint without a head ties it, whatever config.json says
             config = dataclasses.replace(config, tie_word_embeddings=True)
         config = dataclasses.replace(config, eos_token_ids=_generation_eos(path, config.eos_token_ids))
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"cannot read Hugging Face model directory {path}: {e}") from e
     return Checkpoint(config, state, "hf", path)
+
+
+# where a Gemma 3 with vision (Gemma3ForConditionalGeneration) keeps its text model: transformers 5's
+# names, then older ones
+_GEMMA3_TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
+                         "language_model.lm_head.": "lm_head."}
+
+
+def gemma_text_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Gemma 3's text model in Gemma3ForCausalLM's names (the vision tower left out), its norm weights w
+    as the 1 + w it scales by (in fp32, as transformers adds them): what GGUF stores and engine.model uses."""
+    text: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        prefix = next((p for p in _GEMMA3_TEXT_PREFIXES if name.startswith(p)), None)
+        if prefix is not None:
+            name = _GEMMA3_TEXT_PREFIXES[prefix] + name.removeprefix(prefix)
+        elif not name.startswith(("model.layers.", "model.embed_tokens.", "model.norm.", "lm_head.")):
+            continue   # vision tower, multimodal projector
+        text[name] = tensor.float() + 1 if name.endswith("norm.weight") else tensor
+    return text
 
 
 def _generation_eos(path: str, eos: tuple[int, ...]) -> tuple[int, ...]:
@@ -195,9 +220,15 @@ _GGUF_LAYER_NAMES = {
     "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_qkv.weight": "self_attn.qkv_proj.weight", "attn_qkv.bias": "self_attn.qkv_proj.bias",
 }
-# Phi-3's GGUF has no ffn_gate: its ffn_up holds gate and up, as HF's gate_up_proj
-_GGUF_ARCH_LAYER_NAMES = {"phi3": {"ffn_up.weight": "mlp.gate_up_proj.weight"}}
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
+# Phi-3's GGUF has no ffn_gate: its ffn_up holds gate and up, as HF's gate_up_proj. Gemma 3's ffn_norm is
+# its pre-feedforward norm (gguf's MODEL_TENSORS[GEMMA3]; llama.cpp stores its norms as 1 + w)
+_GGUF_ARCH_LAYER_NAMES = {
+    "phi3": {"ffn_up.weight": "mlp.gate_up_proj.weight"},
+    "gemma3": {"post_attention_norm.weight": "post_attention_layernorm.weight",
+               "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+               "post_ffw_norm.weight": "post_feedforward_layernorm.weight"},
+}
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
 _GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                    "output.weight": "lm_head.weight"}
 
@@ -288,7 +319,7 @@ def _gguf_config(meta: dict[str, Any], shapes: dict[str, list[int]], rope_factor
                              "are not supported")
     stops = tuple(sorted({int(meta[k]) for k in _GGUF_STOP_KEYS if meta.get(k) is not None}))
     max_positions = int(g("context_length", 4096))
-    return ModelConfig(
+    config = ModelConfig(
         vocab_size=shapes["token_embd.weight"][1],
         hidden_size=hidden,
         intermediate_size=int(g("feed_forward_length")),
@@ -296,7 +327,9 @@ def _gguf_config(meta: dict[str, Any], shapes: dict[str, list[int]], rope_factor
         num_heads=heads,
         num_kv_heads=int(g("attention.head_count_kv", heads)),
         head_dim=head_dim,
-        max_position_embeddings=cap_to_window(max_positions, g("attention.sliding_window")),
+        # Gemma 3 attends within its window (engine/attention.py); others' windows cap the length
+        max_position_embeddings=max_positions if arch == "gemma3" else cap_to_window(max_positions,
+                                                                                  g("attention.sliding_window")),
         rms_norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(g("rope.freq_base", 10000.0)),
         rope_scaling=_gguf_rope_scaling(g, rope_factors, max_positions),
@@ -307,6 +340,23 @@ def _gguf_config(meta: dict[str, Any], shapes: dict[str, list[int]], rope_factor
         eos_token_ids=stops,
         name=str(meta.get("general.name", arch)),
     )
+    return _gguf_gemma3(config, g) if arch == "gemma3" else config
+
+
+def _gguf_gemma3(config: ModelConfig, g: Any) -> ModelConfig:
+    """Gemma 3's keys where llama.cpp has them, its fixed values where it has none (llama-model.cpp,
+    LLM_ARCH_GEMMA3): every 6th layer global, the sliding layers' RoPE base 10k; an attention scale of
+    head_dim ** -0.5, but (hidden / heads) ** -0.5 for the 62-layer 27B (query_pre_attn_scalar 168)."""
+    pattern = int(g("attention.sliding_window_pattern", 6))
+    scalar = config.hidden_size // config.num_heads if config.num_layers == 62 else config.head_dim
+    scaling = RopeScaling()
+    if g("rope.scaling.type") == "linear":
+        scaling = RopeScaling("linear", float(g("rope.scaling.factor", 1.0)))
+    return dataclasses.replace(
+        config, family="gemma3", rope_scaling=scaling,
+        layer_types=tuple(SLIDING if (i + 1) % pattern else FULL for i in range(config.num_layers)),
+        sliding_window=int(g("attention.sliding_window")), rope_local_theta=float(g("rope.freq_base_swa", 10000.0)),
+        query_pre_attn_scalar=float(scalar))
 
 
 def _gguf_rope_scaling(g: Any, factors: dict[str, list[float]], max_positions: int) -> RopeScaling:
@@ -360,7 +410,7 @@ def _unpermute_index(rows: int, heads: int) -> torch.Tensor:
 
 
 _LAYER_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
-                "self_attn.k_norm.weight")
+                "self_attn.k_norm.weight", "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight")
 _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "self_attn.o_proj": ("self_attn.o_proj",), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
           "mlp.down_proj": ("mlp.down_proj",)}

@@ -6,7 +6,9 @@ those bytes outnumber the weights' (16 sequences of 500 tokens: 368 MB of SmolLM
 96 MB of quantized weights), so the kernel reads each sequence's blocks where they lie instead.
 Prefill chunks stay on torch's SDPA (flash) kernel, where the gather is a small part of the work.
 For an fp32 model, with the cache in fp32 or fp16 (the engine's default here: half the bytes, see
-EngineConfig.kv_cache_dtype); a bf16 model takes the torch backend.
+EngineConfig.kv_cache_dtype); a bf16 model takes the torch backend. A sliding-window layer's step where
+some decode is longer than the window takes the torch decode too (the kernel attends from a sequence's
+first key).
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ class CpuPagedAttention(TorchAttention):
         library.lib.paged_decode_attention.argtypes = [ptr] * 3 + [ctypes.c_int] + [ptr] * 3 + [i64] * 6 + [ctypes.c_float]
         self.library = library
 
-    def prepare(self, layout: BatchLayout, device: torch.device) -> CpuAttentionMetadata:
+    def prepare(self, layout: BatchLayout, device: torch.device, window: int | None = None) -> CpuAttentionMetadata:
         d = layout.num_decodes
+        if window is not None and d and int(layout.seq_lens[:d].max()) > window:
+            return CpuAttentionMetadata(**vars(super().prepare(layout, device, window)))   # decode_tables None: torch's
         meta = CpuAttentionMetadata(torch.from_numpy(layout.slot_mapping()).to(torch.long), d, None, None,
-                                    prefill_chunks(layout, device))
+                                    prefill_chunks(layout, device, window))
         if d:
             lens = layout.seq_lens[:d]
             width = -(-int(lens.max()) // layout.block_size)
@@ -64,6 +68,8 @@ class CpuPagedAttention(TorchAttention):
         return self._decode(q, k_cache, v_cache, meta)
 
     def _decode(self, q, k_cache, v_cache, meta: CpuAttentionMetadata) -> torch.Tensor:
+        if meta.decode_tables is None:   # windowed decodes (prepare)
+            return super()._decode(q, k_cache, v_cache, meta)
         assert q.dtype == torch.float32 and k_cache.dtype in KV_DTYPES and k_cache.dtype == v_cache.dtype
         assert k_cache.is_contiguous() and v_cache.is_contiguous()
         q = q.contiguous()

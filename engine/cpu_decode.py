@@ -70,7 +70,8 @@ class CpuDecodeLayers:
         """The layer kernel for `model` (an engine.model.LlamaForCausalLM), or None where it does not apply."""
         library = fast_library()
         layers = model.model.layers
-        if library is None or model.model.norm.weight.dtype != torch.float32:
+        # decode_layer.c has Llama's block alone: not Gemma 3's (four norms, GeGLU, sliding layers)
+        if library is None or model.model.norm.weight.dtype != torch.float32 or model.config.family != "llama":
             return None
         params = []
         for i, layer in enumerate(layers):

@@ -1,13 +1,15 @@
 """A Llama-family decoder in plain torch over a flattened, variable-length batch.
 
-Covers SmolLM2, Llama 2/3, Mistral (full attention), Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm)
-and Phi-3 (LongRoPE, in engine/rope.py). Parameter names follow Hugging Face's LlamaForCausalLM except
+Covers SmolLM2, Llama 2/3, Mistral (full attention), Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm),
+Phi-3 (LongRoPE, in engine/rope.py) and Gemma 3 (GemmaBlock: four norms per layer, GeGLU, scaled
+embeddings, sliding-window layers with their own RoPE base, beside global ones). Parameter names follow Hugging Face's LlamaForCausalLM except
 that q/k/v and gate/up are fused into one matmul each (as Phi-3 stores them), which the loader does when
 it reads a checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,7 +18,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, HeadShape
 from engine.cpu_kernels import CpuLibrary, fast_library
-from engine.model_config import ModelConfig
+from engine.model_config import ModelConfig, RopeScaling
 from engine.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -33,9 +35,11 @@ class RMSNorm(nn.Module):
         library = cpu_library_for(x)
         if library is not None:
             return library.add_rms_norm(x.contiguous(), None, self.weight, self.eps)
-        # in 16 bits, HF normalizes in fp32 and scales after the cast back
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        if self.weight.dtype == torch.float32:   # Gemma's (1 + w), kept in fp32: scaled in fp32, then cast
+            return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(x.dtype)
+        # in 16 bits, HF's Llama normalizes in fp32 and scales after the cast back
         return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
     def add_norm(self, h: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,8 +59,9 @@ def cpu_library_for(x: torch.Tensor) -> CpuLibrary | None:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, sliding: bool = False) -> None:
         super().__init__()
+        self.sliding = sliding   # attends to the config's sliding_window keys up to itself, with the local RoPE
         self.heads = HeadShape(config.num_heads, config.num_kv_heads, config.head_dim)
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
@@ -75,7 +80,7 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(-1, self.q_size))
 
     def norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
-        """Qwen3's RMSNorm over each q and k head, before RoPE (the backends rotate what they are given)."""
+        """Qwen3's and Gemma 3's RMSNorm over each q and k head, before RoPE (the backends rotate what they are given)."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         dim = self.heads.head_dim
         q = self.q_norm(q.reshape(-1, dim)).view(qkv.shape[0], -1)
@@ -88,19 +93,27 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.geglu = config.family == "gemma3"   # GELU (tanh approximation) on the gate, else SiLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate = F.gelu(gate, approximate="tanh") if self.geglu else F.silu(gate)
+        return self.down_proj(gate * up)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """Llama's block; Gemma 3's adds pre_feedforward_layernorm and post_feedforward_layernorm, and its
+    post_attention_layernorm normalizes the attention's output (not the residual) before the add."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, config.is_sliding(layer))
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+        if config.family == "gemma3":
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaModel(nn.Module):
@@ -108,9 +121,19 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config, max_positions)
+        self.rotary_local = local_rotary(config, max_positions)
+
+
+def local_rotary(config: ModelConfig, max_positions: int) -> RotaryEmbedding | None:
+    """The sliding layers' RoPE table where their base differs from the global layers' (Gemma 3: 10k, no
+    scaling, against 1M and the config's scaling), else None (they share the global table)."""
+    if config.window is None or config.rope_local_theta is None:
+        return None
+    return RotaryEmbedding(dataclasses.replace(config, rope_theta=config.rope_local_theta,
+                                               rope_scaling=RopeScaling()), max_positions)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -129,6 +152,8 @@ class LlamaForCausalLM(nn.Module):
 
         kv_cache: [layers, 2, slots, kv_heads, head_dim].
         """
+        if self.config.family == "gemma3":
+            return self._gemma_forward(input_ids, positions, logits_indices, backend, kv_cache, meta)
         m, layers = self.model, self.model.layers
         h = m.embed_tokens(input_ids)
         cos, sin = m.rotary.lookup(positions)
@@ -145,3 +170,29 @@ class LlamaForCausalLM(nn.Module):
             else:
                 h = h + layer.mlp(x)
         return self.lm_head(m.norm(h[logits_indices])).float()
+
+    def _gemma_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor,
+                       backend: AttentionBackend, kv_cache: torch.Tensor, meta: Any) -> torch.Tensor:
+        """Gemma 3: embeddings times sqrt(hidden) in the model's dtype (as transformers rounds it); each
+        half-block's output normed before its residual add; sliding layers on the local RoPE table and
+        the step's windowed attention metadata (meta.sliding)."""
+        m, layers, c = self.model, self.model.layers, self.config
+        h = m.embed_tokens(input_ids)
+        h = h * torch.tensor(c.hidden_size ** 0.5, dtype=h.dtype)
+        rope = m.rotary.lookup(positions)
+        local = m.rotary_local.lookup(positions) if m.rotary_local is not None else rope
+        x = layers[0].input_layernorm(h)
+        for i, layer in enumerate(layers):
+            attn = layer.self_attn
+            sliding = attn.sliding
+            out = attn(x, *(local if sliding else rope), backend, kv_cache[i, 0], kv_cache[i, 1],
+                       meta.sliding if sliding else meta)
+            h, x = layer.pre_feedforward_layernorm.add_norm(h, layer.post_attention_layernorm(out))
+            out = layer.post_feedforward_layernorm(layer.mlp(x))
+            if i + 1 < len(layers):
+                h, x = layers[i + 1].input_layernorm.add_norm(h, out)
+            else:
+                h = h + out
+        logits = self.lm_head(m.norm(h[logits_indices])).float()
+        cap = c.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -1,5 +1,5 @@
-"""The shape of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3), read from a checkpoint or
-taken from a named preset."""
+"""The shape of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3) or a Gemma 3 one, read from a
+checkpoint or taken from a named preset."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")   # config.json model_type
+HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma3")   # config.json model_type
 ROPE_TYPES = ("default", "llama3", "linear", "longrope")
+SLIDING, FULL = "sliding_attention", "full_attention"   # transformers' layer_types
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,38 @@ class ModelConfig:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
-    qk_norm: bool = False            # Qwen3: RMSNorm over each q and k head before RoPE
+    qk_norm: bool = False            # Qwen3, Gemma 3: RMSNorm over each q and k head before RoPE
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = "llama"
+    # Gemma 3's block: four norms (each weight held as 1 + w, as GGUF stores it), GeGLU (tanh GELU),
+    # embeddings times sqrt(hidden); "llama": every other family
+    family: str = "llama"
+    layer_types: tuple[str, ...] = ()      # per layer SLIDING or FULL; () = every layer full
+    sliding_window: int | None = None      # keys a SLIDING layer's query sees, itself included
+    rope_local_theta: float | None = None  # SLIDING layers' RoPE base (no scaling); None: rope_theta's table
+    query_pre_attn_scalar: float | None = None   # attention scale = this ** -0.5; None: head_dim's
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"{len(self.layer_types)} layer_types for {self.num_layers} layers")
+        if SLIDING in self.layer_types and not self.sliding_window:
+            raise ValueError("sliding_attention layers need a sliding_window")
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def is_sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == SLIDING
+
+    @property
+    def window(self) -> int | None:
+        """The sliding layers' window where the model has any, else None."""
+        return self.sliding_window if SLIDING in self.layer_types else None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -65,6 +90,8 @@ class ModelConfig:
         model_type = cfg.get("model_type", "llama")
         if model_type not in HF_FAMILIES:
             raise ValueError(f"unsupported model_type {model_type!r}: supported are {', '.join(HF_FAMILIES)}")
+        if model_type in ("gemma3", "gemma3_text"):
+            return gemma3_from_hf_config(cfg)
         heads = cfg["num_attention_heads"]
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
@@ -91,6 +118,58 @@ class ModelConfig:
             eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
             name=cfg.get("_name_or_path") or model_type,
         )
+
+
+# Gemma3TextConfig's defaults, for keys a config.json leaves out (a gemma3 text_config often does)
+GEMMA3_DEFAULTS: dict[str, Any] = dict(
+    vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+    num_key_value_heads=4, head_dim=256, max_position_embeddings=131_072, rms_norm_eps=1e-6, rope_theta=1e6,
+    rope_local_base_freq=1e4, query_pre_attn_scalar=256, sliding_window=4096, sliding_window_pattern=6,
+    tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, hidden_activation="gelu_pytorch_tanh")
+
+
+def gemma3_from_hf_config(cfg: dict[str, Any]) -> ModelConfig:
+    """Gemma 3 from config.json: "gemma3_text", or "gemma3" (with vision) whose text_config is served."""
+    name = cfg.get("_name_or_path") or cfg["model_type"]
+    if cfg["model_type"] == "gemma3":
+        cfg = {k: v for k, v in cfg.items() if k != "model_type"} | cfg.get("text_config", {})
+    c = GEMMA3_DEFAULTS | {k: v for k, v in cfg.items() if v is not None or k.endswith("softcapping")}
+    if c["hidden_activation"] != "gelu_pytorch_tanh" or c.get("use_bidirectional_attention"):
+        raise ValueError("gemma3 with another activation than gelu_pytorch_tanh or bidirectional attention "
+                         "(EmbeddingGemma) is not supported")
+    if c.get("attn_logit_softcapping") is not None:
+        raise ValueError("attention logit softcapping (attn_logit_softcapping) is not supported")
+    layers = c["num_hidden_layers"]
+    pattern = c["sliding_window_pattern"]
+    types = c.get("layer_types") or [SLIDING if (i + 1) % pattern else FULL for i in range(layers)]
+    full, local = _gemma3_rope(c)
+    eos = c["eos_token_id"]
+    return ModelConfig(
+        vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+        num_layers=layers, num_heads=c["num_attention_heads"], num_kv_heads=c["num_key_value_heads"],
+        head_dim=c["head_dim"], max_position_embeddings=c["max_position_embeddings"], rms_norm_eps=c["rms_norm_eps"],
+        rope_theta=float(full.get("rope_theta", c["rope_theta"])),
+        rope_scaling=rope_scaling_from(full, c["max_position_embeddings"], None),
+        tie_word_embeddings=bool(c["tie_word_embeddings"]), qkv_bias=bool(c.get("attention_bias", False)),
+        qk_norm=True, bos_token_id=c["bos_token_id"],
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
+        name=name, family="gemma3", layer_types=tuple(types), sliding_window=c["sliding_window"],
+        rope_local_theta=float(local.get("rope_theta", c["rope_local_base_freq"])),
+        query_pre_attn_scalar=float(c["query_pre_attn_scalar"]),
+        final_logit_softcapping=c.get("final_logit_softcapping"))
+
+
+def _gemma3_rope(c: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(global, sliding) RoPE parameters: transformers 5's rope_parameters per layer type, or the older
+    rope_scaling (global layers only) beside rope_theta and rope_local_base_freq."""
+    params = c.get("rope_parameters") or {}
+    if FULL in params or SLIDING in params:
+        full, local = dict(params.get(FULL) or {}), dict(params.get(SLIDING) or {})
+    else:
+        full, local = dict(c.get("rope_scaling") or params), {}
+    if (local.get("rope_type") or "default") != "default":
+        raise ValueError(f"gemma3 sliding layers with {local['rope_type']!r} RoPE scaling are not supported")
+    return full, local
 
 
 def _sliding_window(cfg: dict[str, Any]) -> int | None:
@@ -155,4 +234,8 @@ PRESETS: dict[str, ModelConfig] = {
                               tie_word_embeddings=True, qkv_bias=True, name="qwen2-0.5b"),
     "qwen3-0.6b": ModelConfig(151936, 1024, 3072, 28, 16, 8, 128, 40960, 1e-6, 1000000.0,
                               tie_word_embeddings=True, qk_norm=True, name="qwen3-0.6b"),
+    "gemma-3-270m": ModelConfig(262144, 640, 2048, 18, 4, 1, 256, 32768, 1e-6, 1000000.0,
+                                tie_word_embeddings=True, qk_norm=True, name="gemma-3-270m", family="gemma3",
+                                layer_types=tuple(SLIDING if (i + 1) % 6 else FULL for i in range(18)),
+                                sliding_window=512, rope_local_theta=10000.0, query_pre_attn_scalar=256),
 }

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention import make_attention_backend
+from engine.attention import TorchAttention, make_attention_backend, prepare_step
 from engine.batch_layout import BatchLayout
 from engine.checkpoint import Checkpoint, fuse_projections, fuse_quantized
 from engine.cpu_decode import CpuDecodeLayers
-from engine.model import LlamaForCausalLM
+from engine.model import LlamaForCausalLM, local_rotary
 from engine.quantized_linear import (QuantizedEmbedding, QuantizedLinear, QuantizedPath, QuantizedTensor, QuantKernels,
                                      load_kernels, measure_crossover)
 from engine.sampler import Sampler
@@ -49,7 +49,11 @@ class ModelRunner:
         c = self.config
         self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * block_size, c.num_kv_heads, c.head_dim,
                                     dtype=kv_dtype or dtype, device=self.device)
-        self.attention = make_attention_backend(attention_backend, c.head_dim ** -0.5, self.device.type, dtype)
+        self.attention = make_attention_backend(attention_backend, c.attention_scale, self.device.type, dtype)
+        if c.window is not None and not isinstance(self.attention, TorchAttention):
+            log.warning("attention backend %r has no sliding window: %s runs on the torch backend",
+                        self.attention.name, c.name)
+            self.attention = TorchAttention(c.attention_scale)
         self.sampler = Sampler(seed)
 
     @property
@@ -86,7 +90,7 @@ class ModelRunner:
         """Run one step. `banned[i]` lists tokens the i-th *sampling* request may not pick (min_tokens)."""
         t0 = time.perf_counter()
         layout, input_ids, sampling = self._prepare(scheduled)
-        meta = self.attention.prepare(layout, self.device)
+        meta = prepare_step(self.attention, layout, self.device, self.config.window)
         to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
         logits_indices = (layout.query_starts + layout.query_lens - 1)[sampling]
         t1 = time.perf_counter()
@@ -113,7 +117,7 @@ class ModelRunner:
         to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
         return self.model(to(np.asarray(token_ids, dtype=np.int64)), to(layout.positions()),
                           to(np.arange(n, dtype=np.int64)), self.attention, kv,
-                          self.attention.prepare(layout, self.device)).cpu()
+                          prepare_step(self.attention, layout, self.device, c.window)).cpu()
 
     def _prepare(self, scheduled: list[ScheduledRequest]) -> tuple[BatchLayout, np.ndarray, np.ndarray]:
         num_decodes = sum(1 for s in scheduled if s.is_decode)
@@ -137,7 +141,10 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device
     the returned path (None when every weight is dense)."""
     with torch.device("meta"):
         model = LlamaForCausalLM(checkpoint.config, max_positions)
-    state = {k: v.to(device=device, dtype=dtype) for k, v in fuse_projections(checkpoint.state_dict, checkpoint.config).items()}
+    gemma = checkpoint.config.family == "gemma3"
+    # Gemma's norm weights (1 + w) stay fp32: transformers scales by 1 + w in fp32, whatever the model's dtype
+    state = {k: v.to(device=device, dtype=torch.float32 if gemma and k.endswith("norm.weight") else dtype)
+             for k, v in fuse_projections(checkpoint.state_dict, checkpoint.config).items()}
     path = install_quantized(model, checkpoint, state, dtype) if checkpoint.quantized else None
     tied = checkpoint.config.tie_word_embeddings and "model.embed_tokens.weight" in state
     if tied:
@@ -146,6 +153,8 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary = type(model.model.rotary)(checkpoint.config, max_positions).to(device)
+    local = local_rotary(checkpoint.config, max_positions)
+    model.model.rotary_local = local.to(device) if local is not None else None
     if path is not None and device.type == "cpu":
         model.decode_layers = CpuDecodeLayers.build(model)
     return model.eval(), path

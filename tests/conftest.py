@@ -26,6 +26,7 @@ def save_hf_model(path, model_type: str = "llama", **overrides) -> torch.nn.Modu
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
     }[model_type]
     torch.manual_seed(0)
     config = config_cls(**{**TINY_LLAMA, **overrides})

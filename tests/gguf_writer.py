@@ -1,5 +1,6 @@
 """Write a Hugging Face model as a llama.cpp-style GGUF (Llama's q/k rows permuted, gpt2 byte-level vocab):
-Llama/Mistral as "llama", Qwen3 (q/k norms) and Phi-3 (fused projections, LongRoPE factors) as theirs."""
+Llama/Mistral as "llama", Qwen3 (q/k norms), Phi-3 (fused projections, LongRoPE factors) and Gemma 3 (its
+norms as 1 + w, as convert_hf_to_gguf.py's Gemma3Model writes them) as theirs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ _NAMES = {
     "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
-_ARCH = {"llama": "llama", "mistral": "llama", "qwen3": "qwen3", "phi3": "phi3"}
+_GEMMA3_NAMES = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                 "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                 "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+_ARCH = {"llama": "llama", "mistral": "llama", "qwen3": "qwen3", "phi3": "phi3", "gemma3_text": "gemma3"}
 
 
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -42,7 +46,10 @@ def write_gguf(model: torch.nn.Module, path: str, types: dict[str, int] | None =
     w.add_key_length(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
     if arch == "phi3":
         _add_longrope(w, c)
-    w.add_rope_freq_base(c.rope_theta if hasattr(c, "rope_theta") else c.rope_parameters["rope_theta"])
+    if arch == "gemma3":
+        _add_gemma3(w, c)
+    else:
+        w.add_rope_freq_base(c.rope_theta if hasattr(c, "rope_theta") else c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
     alphabet = list(bytes_to_unicode().values())
@@ -65,8 +72,11 @@ def write_gguf(model: torch.nn.Module, path: str, types: dict[str, int] | None =
         else:
             w.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
 
+    names = _NAMES | (_GEMMA3_NAMES if arch == "gemma3" else {})
     for name, tensor in model.state_dict().items():
         array = tensor.float().numpy()
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1
         if name == "model.embed_tokens.weight":
             add("token_embd.weight", array)
         elif name == "model.norm.weight":
@@ -80,7 +90,7 @@ def write_gguf(model: torch.nn.Module, path: str, types: dict[str, int] | None =
                 array = llama_cpp_permute(array, c.num_attention_heads)
             elif rest == "self_attn.k_proj.weight" and arch == "llama":
                 array = llama_cpp_permute(array, c.num_key_value_heads)
-            add(f"blk.{layer}.{_NAMES[rest]}", array)
+            add(f"blk.{layer}.{names[rest]}", array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -98,3 +108,19 @@ def _add_longrope(w, c) -> None:
     w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
     w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
     w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+
+
+def _add_gemma3(w, c) -> None:
+    """As convert_hf_to_gguf.py's Gemma3Model: the window and the global layers' RoPE (base, linear scaling);
+    llama.cpp fixes the rest (every 6th layer global, the sliding layers' base 10k)."""
+    import gguf
+
+    layer_types = [t == "sliding_attention" for t in c.layer_types]
+    assert layer_types == [bool((i + 1) % 6) for i in range(c.num_hidden_layers)], "llama.cpp's pattern is 6"
+    assert c.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0, "llama.cpp's sliding base is 10k"
+    full = c.rope_parameters["full_attention"]
+    w.add_rope_freq_base(full["rope_theta"])
+    w.add_sliding_window(c.sliding_window)
+    if full.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])

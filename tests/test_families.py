@@ -24,7 +24,12 @@ TOKENS = 32
 PHI3 = dict(original_max_position_embeddings=80,
             rope_scaling={"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
                           "long_factor": [1.0 + 2.0 * i for i in range(8)]})
-FAMILIES = {"qwen3": dict(head_dim=16), "phi3": PHI3}
+# Gemma 3: six layers (llama.cpp's pattern: five sliding, then a global one), a window of 8 keys that prompts of
+# 20-36 tokens and 32 more outgrow, the global layers' RoPE (base 100, linear x2) far from the sliding ones' (10k)
+GEMMA3 = dict(head_dim=16, num_hidden_layers=6, sliding_window=8, query_pre_attn_scalar=16, tie_word_embeddings=True,
+              rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100.0},
+                               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+FAMILIES = {"qwen3": dict(head_dim=16), "phi3": PHI3, "gemma3": GEMMA3}
 
 
 def shared_prefix_prompts(n: int = 4, seed: int = 0) -> list[list[int]]:
@@ -80,7 +85,8 @@ Q8_0_LAYERS = {k: 8 for k in ("attn_q.weight", "attn_k.weight", "attn_v.weight",
 @pytest.mark.skipif(load_kernels() is None, reason="quantized kernels not built")
 def test_quantized_gguf_runs_on_the_kernels_as_the_family_allows(family, tmp_path):
     """Q8_0 projections kept as stored (Phi-3's fused ones too) give the dense path's logits; the C decode
-    layer runs Phi-3's, and never Qwen3's, whose per-head q/k norms it does not have."""
+    layer runs Phi-3's, and never Qwen3's or Gemma 3's, whose per-head q/k norms (and Gemma's block) it does
+    not have."""
     name, path, hf = family
     gguf_path = str(tmp_path / f"{name}-q8.gguf")
     write_gguf(hf, gguf_path, Q8_0_LAYERS)
@@ -89,20 +95,20 @@ def test_quantized_gguf_runs_on_the_kernels_as_the_family_allows(family, tmp_pat
     model = quantized.runner.model
     assert isinstance(model.model.layers[0].self_attn.qkv_proj, QuantizedLinear)
     if fast_library() is not None:
-        assert (model.decode_layers is None) == (name == "qwen3")
+        assert (model.decode_layers is None) == (name in ("qwen3", "gemma3"))
     dense = make_engine(gguf_path, weights="dense").runner.prompt_logits(prompt)
     ours = quantized.runner.prompt_logits(prompt)
     assert float((ours - dense).norm() / dense.norm()) < 0.02   # the kernels quantize activations to 8 bits
 
 
 def test_unsupported_architectures_are_one_line_errors_naming_the_supported(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3"}))
-    with pytest.raises(ModelLoadError, match="unsupported model_type 'gemma3': supported are llama, mistral, "
-                                             "qwen2, qwen3, phi3"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4"}))
+    with pytest.raises(ModelLoadError, match="^cannot read .*: unsupported model_type 'gemma4': supported are llama, "
+                                             "mistral, qwen2, qwen3, phi3, gemma3_text, gemma3$"):
         read_hf_directory(str(tmp_path))
-    with pytest.raises(ModelLoadError, match="unsupported GGUF architecture 'gemma3': supported are llama, qwen2, "
-                                             "qwen3, phi3"):
-        gguf_architecture({"general.architecture": "gemma3"})
+    with pytest.raises(ModelLoadError, match="^unsupported GGUF architecture 'gemma4': supported are llama, qwen2, "
+                                             "qwen3, phi3, gemma3$"):
+        gguf_architecture({"general.architecture": "gemma4"})
 
 
 def test_longrope_tables_are_transformers_short_and_long_ones(tmp_path):
@@ -162,3 +168,42 @@ def test_a_qwen3_preset_builds_with_its_norms():
     model, _ = build_model(dummy_checkpoint(config, torch.float32, 0), torch.float32, torch.device("cpu"), 64)
     assert model.model.layers[0].self_attn.q_norm.weight.shape == (config.head_dim,)
     assert PRESETS["qwen3-0.6b"].qk_norm
+
+
+def test_a_gemma3_with_vision_serves_its_text_model(tmp_path):
+    """model_type "gemma3" (Gemma3ForConditionalGeneration): text_config and the text model's weights under
+    model.language_model. are served, the vision tower's left out: the text model's logits."""
+    from safetensors.torch import save_file
+
+    text = tmp_path / "text"
+    hf = save_hf_model(text, "gemma3", **GEMMA3)
+    state = {"model.language_model." + k.removeprefix("model."): v for k, v in hf.state_dict().items()
+             if k != "lm_head.weight"}
+    state["model.vision_tower.vision_model.post_layernorm.weight"] = torch.ones(8)
+    vision = tmp_path / "vision"
+    vision.mkdir()
+    save_file(state, str(vision / "model.safetensors"))
+    text_config = json.loads((text / "config.json").read_text())
+    (vision / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": text_config,
+                                                    "vision_config": {"hidden_size": 8}}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (vision / name).write_text((text / name).read_text())
+    prompt = shared_prefix_prompts()[0]
+    expected = make_engine(str(text)).runner.prompt_logits(prompt)
+    torch.testing.assert_close(make_engine(str(vision)).runner.prompt_logits(prompt), expected)
+
+
+def test_gemma3_config_json_of_older_transformers():
+    """rope_theta / rope_local_base_freq / rope_scaling and sliding_window_pattern (transformers 4's keys) and
+    query_pre_attn_scalar (the 27B's 168, not its head size) are read; a missing key takes Gemma3TextConfig's."""
+    from engine.model_config import ModelConfig
+
+    c = ModelConfig.from_hf_config({"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128,
+                                    "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                    "head_dim": 16, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                                    "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 32,
+                                    "sliding_window_pattern": 4, "query_pre_attn_scalar": 168})
+    assert c.layer_types == ("sliding_attention",) * 3 + ("full_attention",) + ("sliding_attention",) * 3 + (
+        "full_attention",)
+    assert (c.rope_theta, c.rope_local_theta, c.rope_scaling.rope_type, c.rope_scaling.factor) == (1e6, 1e4, "linear", 8)
+    assert (c.window, c.attention_scale, c.vocab_size, c.tie_word_embeddings) == (32, 168 ** -0.5, 262_208, True)
