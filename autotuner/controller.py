@@ -9,6 +9,7 @@ incumbent restored; a failure inside a step leaves the engine on the last good k
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import threading
@@ -28,7 +29,7 @@ from autotuner.search_space import CONFIG, SearchSpace
 from autotuner.tuner_state import STORAGE_ERRORS, TunerState, storage_reason
 from engine.slo_class import SloClasses, shipped_slo_classes
 from policies import Knobs, get_policy
-from telemetry.window import SLO, WindowSummary
+from telemetry.window import SLO, TelemetryWindow, WindowSummary
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -39,6 +40,8 @@ SLO_HEADROOM = 0.15       # within this share of a latency SLO, exploration may 
 LONGER_STEPS = ("token_budget", "step_headroom", "error_budget")   # raising these lengthens steps or gaps
 FASTER_PREFILL = ("token_budget", "step_headroom")                 # lowering these slows prefills
 MIN_FINISHED = 5          # finished requests the longest window needs to count at all
+# what the telemetry keeps: no window or context may reach further back
+TELEMETRY_HORIZON_S = inspect.signature(TelemetryWindow).parameters["horizon_s"].default
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class ControllerSettings:
     context_window_s: float = 60.0
     max_window_s: float = 120.0
     min_requests: int = 20
+    min_window_requests: int = 30         # a window and the context hold this many requests (at most min_requests) ...
+    longest_window_s: float = 600.0       # ... at low rates, up to this long
     min_tbt_samples: int = 1000
     settle_fraction: float = 0.25
     trust_radius: float = 0.25
@@ -69,6 +74,18 @@ class ControllerSettings:
         if unknown:
             raise ValueError(f"{path}: unknown controller settings {sorted(unknown)}")
         return ControllerSettings(**data)
+
+    def __post_init__(self) -> None:
+        if self.min_window_requests < 1:
+            raise ValueError(f"controller: min_window_requests must be at least 1, not {self.min_window_requests}")
+        if not self.max_window_s <= self.longest_window_s <= TELEMETRY_HORIZON_S:
+            raise ValueError(f"controller: longest_window_s ({self.longest_window_s}) must lie between max_window_s "
+                             f"({self.max_window_s}) and the telemetry's horizon ({TELEMETRY_HORIZON_S} s)")
+
+    @property
+    def window_requests(self) -> int:
+        """Requests a window and the workload context must hold where time allows."""
+        return min(self.min_window_requests, self.min_requests)
 
 
 def sizes_steps_by_time(policy: str) -> bool:
@@ -122,6 +139,7 @@ class Controller:
         self.exploring_violations = 0
         self._since_recheck = 0
         self._drift_seen: float | None = None     # when the drift detector last fired
+        self._thin_reference = False              # the drift reference was read from too few requests
         self._lock = threading.Lock()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []   # decisions, for metrics and logs
 
@@ -177,7 +195,7 @@ class Controller:
                 stop.wait(self.settings.min_window_s)
 
     def step(self) -> None:
-        observed = self.target.window(self.settings.context_window_s)
+        observed = self.target.window(self.context_seconds())
         context = WorkloadContext.of(observed)
         if not self._track_regime(context, observed) or self.paused or self.pinned:
             self.target.wait(self.settings.min_window_s)
@@ -193,21 +211,57 @@ class Controller:
         if signals is None or now - self.start < self.settings.context_window_s:
             return False                       # no traffic, or too little history to tell the regime
         if self._drift_seen is not None:
-            if now - self._drift_seen < self.settings.context_window_s:
-                return False                   # let the context window fill with the new workload only
+            since = self.target.window(now - self._drift_seen)     # the new workload only
+            if not self._filled(since):
+                return False
             self._drift_seen = None
+            if since.seconds < observed.seconds:
+                observed, context = since, WorkloadContext.of(since)
+                signals = context.signals() or signals
             self._enter(Regime.of(context), signals, observed)   # the same study again if close to it
             return True
         if self.regime is None:
+            if observed.num_finished < self._least_to_enter():
+                return False                   # nothing yet for the warm start to simulate
             self._enter(Regime.of(context), signals, observed)
+        elif not self._counted(observed):
+            pass                               # too few requests to say the workload changed
+        elif self._thin_reference:
+            self._refine(signals)
         elif self.drift.update(signals):
             self._drift_seen = now
             self._apply(self.settings.policy, self.last_good)   # hold the last good knobs meanwhile
             return False
         return True
 
+    def _least_to_enter(self) -> int:
+        """Finished requests a context needs before it names a regime: what the warm start needs."""
+        return min(MIN_FINISHED, self.settings.window_requests)
+
+    def _counted(self, observed: WindowSummary) -> bool:
+        """Whether a context holds `window_requests` arrivals and finished requests: fewer say
+        nothing about drift (sharegpt4's token ratio read from 1-2 requests moved by four octaves)."""
+        return min(observed.num_arrivals, observed.num_finished) >= self.settings.window_requests
+
+    def _filled(self, since: WindowSummary) -> bool:
+        """Whether the context since a drift tells the new regime: `context_window_s` long, and
+        holding `window_requests` arrivals or `max_window_s` long, with requests finished for the
+        warm start."""
+        s = self.settings
+        return (since.seconds >= s.context_window_s and since.num_finished >= self._least_to_enter()
+                and (since.num_arrivals >= s.window_requests or since.seconds >= s.max_window_s))
+
+    def _refine(self, signals: tuple[float, ...]) -> None:
+        """The regime was entered on a context of fewer than `window_requests` requests (the first
+        minute at a low rate): its drift reference and the study's stored signals become the first
+        counted context's. A first minute's rate one octave off had the CUSUM fire half an hour later."""
+        self.drift.reset(signals)
+        self._thin_reference = False
+        self.study.set_user_attr("signals", list(signals))
+
     def _enter(self, regime: Regime, signals: tuple[float, float], observed: WindowSummary) -> None:
         self.drift.reset(signals)
+        self._thin_reference = not self._counted(observed)
         previous = self.regime
         self.regime, self.study = self.state.study_for(regime, signals)
         self._since_recheck = 0
@@ -269,10 +323,10 @@ class Controller:
         self.attainment_held = self._nothing_to_win(incumbent)
         if self.attainment_held is not None:
             return "recheck"                     # the warm start's other picks wait for a shortfall
+        if self._too_few_requests(incumbent):
+            return "recheck"                     # judged by the cost model: the warm start's ranking stands
         if self._queued():
             return "trial"
-        if self._too_few_requests(incumbent):
-            return "recheck"
         exploring = len(completed) < self.settings.explore_trials or self.windows % self.settings.explore_every == 0
         if not exploring or self._since_recheck >= self.settings.recheck_every:
             return "recheck"
@@ -290,12 +344,18 @@ class Controller:
 
     def _too_few_requests(self, incumbent: dict[str, Any]) -> bool:
         """The incumbent's latest windows finished fewer than half of `min_requests` each on
-        average (they ran to `max_window_s`): one window's goodput share then moves by +-0.15 on
-        noise alone, more than configurations differ, and live trials chose on noise (the CPU's
+        average, or arrive too slowly for `min_requests` within `max_window_s` (the windows that
+        grow to hold `window_requests`): one window's goodput share then moves by +-0.07 or more on
+        noise alone, as much as configurations differ, and live trials chose on noise (the CPU's
         summarization at 0.07 requests/s, ~9 requests a window: tuned 0.80-0.91x the best static).
-        The warm start's simulated picks are still measured; nothing else is explored."""
-        finished = [w["num_finished"] for w in self._recent_windows(incumbent) if w.get("num_finished") is not None]
-        return bool(finished) and sum(finished) / len(finished) < self.settings.min_requests // 2
+        The incumbent is held: the first of the warm start's picks that met the SLO, chosen on the
+        cost model's prediction; the others are measured only when it misses the SLO."""
+        windows = self._recent_windows(incumbent)
+        finished = [w["num_finished"] for w in windows if w.get("num_finished") is not None]
+        rates = [w["arrival_rate_rps"] for w in windows if w.get("arrival_rate_rps") is not None]
+        few = bool(finished) and sum(finished) / len(finished) < self.settings.min_requests // 2
+        slow = bool(rates) and sum(rates) / len(rates) * self.settings.max_window_s < self.settings.min_requests
+        return few or slow
 
     def _recent_windows(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         """The latest RECENT_WINDOWS measured windows of this configuration."""
@@ -307,7 +367,7 @@ class Controller:
         if recheck:
             self.study.enqueue_trial(incumbent, user_attrs={"source": "recheck"})
         elif self.picks:
-            self.study.enqueue_trial(self.picks.pop(0), user_attrs={"source": "warm-start"}, skip_if_exists=True)
+            self.study.enqueue_trial(self.picks.pop(0), user_attrs={"source": "warm-start"})
         limit = self._slo_limits(incumbent)
         for _ in range(MAX_REJECTIONS):
             trial = self.study.ask(dists)
@@ -352,19 +412,37 @@ class Controller:
         return self.target.knobs().replace(**{k: v for k, v in params.items() if k != "policy"})
 
     # -- measuring --
+    def context_seconds(self) -> float:
+        """How far back the workload context (regime, drift, window sizing) reads: `context_window_s`,
+        doubled until it holds `window_requests` requests, up to `longest_window_s` and never before
+        the controller started. At 0.07 requests/s a fixed 60 s held ~4 arrivals, and the rate read
+        from them moved by two octaves between windows and flipped the regime on noise."""
+        s = self.settings
+        longest = min(s.longest_window_s, max(s.context_window_s, self.target.now() - self.start))
+        span = min(s.context_window_s, longest)
+        while span < longest and not self._counted(self.target.window(span)):
+            span = min(2 * span, longest)
+        return span
+
     def window_seconds(self, observed: WindowSummary | None = None) -> float:
         """Long enough for `min_requests` finished requests and `min_tbt_samples` token gaps at the
-        current rates (so P99 TBT rests on ~10 gaps above it), within [min, max]. The rates are read
-        over the context window: at 0.2 requests/s, 10 s hold two arrivals or none, and a window
-        sized on none was too short to count (measured on the real daemon)."""
+        current rates (so P99 TBT rests on ~10 gaps above it), within [min, max]; where arrivals are
+        too slow for `window_requests` within `max_window_s`, long enough for them, up to
+        `longest_window_s` (at 0.07 requests/s 120 s held ~9, whose SLO share moved by more on noise
+        than configurations differ). The rates are read over the context: at 0.2 requests/s, 10 s
+        hold two arrivals or none, and a window sized on none was too short to count (measured on
+        the real daemon)."""
         s = self.settings
-        observed = observed or self.target.window(s.context_window_s)
+        observed = observed or self.target.window(self.context_seconds())
         need = s.min_window_s
         if observed.arrival_rate_rps > 0:
             need = max(need, s.min_requests / observed.arrival_rate_rps)
         if observed.output_tokens_per_s > 0:
             need = max(need, s.min_tbt_samples / observed.output_tokens_per_s)
-        return min(s.max_window_s, need)
+        length = min(s.max_window_s, need)
+        if observed.arrival_rate_rps > 0:         # closes on a count at low rates, on time at high ones
+            length = max(length, min(s.longest_window_s, s.window_requests / observed.arrival_rate_rps))
+        return length
 
     def _run_trial(self, trial: optuna.Trial, params: dict[str, Any], action: str,
                    incumbent: dict[str, Any]) -> None:
@@ -417,6 +495,8 @@ class Controller:
                 return None
         window = self.target.window(length)
         if window.num_finished < self._least_finished(length):
+            if trial.user_attrs.get("source") == "warm-start":   # too thin to judge: the cost model's pick stays first
+                self.picks.insert(0, self.space.snap(trial.params))
             return self._fail(trial, "discarded", f"{window.num_finished} requests finished in the window")
         return window
 
@@ -435,7 +515,7 @@ class Controller:
         self.study.tell(trial, state=TrialState.FAIL)
 
     def _workload_changed(self) -> bool:
-        signals = WorkloadContext.of(self.target.window(self.settings.context_window_s)).signals()
+        signals = WorkloadContext.of(self.target.window(self.context_seconds())).signals()
         return signals is not None and self.drift.would_fire(signals)
 
     def _should_abort(self, partial: WindowSummary) -> bool:

@@ -202,7 +202,92 @@ def test_window_length_reads_rates_over_the_context_window(cost, tmp_path):
     sim, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=128))
     sim.submit(specs)
     sim.run_until(75.0)
-    assert controller.window_seconds() == controller.settings.max_window_s   # 20 / (15 per 60 s) > 60 s
+    assert controller.window_seconds() >= controller.settings.max_window_s   # 20 / (15 per 60 s) > 60 s
+
+
+def steady(qps: float, duration_s: float, seed: int, start_s: float = 0.0) -> list[RequestSpec]:
+    return [replace(s, arrival_s=start_s + s.arrival_s)
+            for s in generate(load_workload("chat"), qps=qps, duration_s=duration_s, seed=seed)]
+
+
+def test_windows_close_on_a_count_at_low_rates_and_on_time_at_high_ones(cost, tmp_path):
+    """At 2 requests/s the context is `context_window_s` and a window the time `min_requests` take,
+    within `max_window_s`; at 0.05 requests/s (3 arrivals a minute) both grow until they hold
+    `min_window_requests` (a fixed 60 s held ~4 and its rate moved by octaves), up to
+    `longest_window_s`, and the measured windows hold about that many finished requests."""
+    s = settings(min_window_requests=15, context_window_s=60.0, longest_window_s=600.0)
+    sim, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=128))
+    controller.settings = s
+    sim.submit(steady(2.0, 300, seed=8))
+    sim.run_until(300.0)
+    assert controller.context_seconds() == s.context_window_s
+    assert s.min_window_s <= controller.window_seconds() <= s.max_window_s
+
+    sim, _, controller = sim_controller(cost, tmp_path / "slow", Knobs(token_budget=128))
+    controller.settings = s
+    sim.submit(steady(0.05, 3000, seed=8))
+    sim.run_until(700.0)
+    context = controller.context_seconds()
+    assert s.context_window_s < context <= s.longest_window_s
+    assert controller.target.window(context).num_arrivals >= s.window_requests
+    length = controller.window_seconds()
+    assert s.max_window_s < length <= s.longest_window_s
+    assert length == pytest.approx(s.window_requests / controller.target.window(context).arrival_rate_rps)
+    while sim.now < 2500:
+        controller.step()
+    finished = [t.user_attrs["window"]["num_finished"] for t in controller._completed()]
+    assert finished and min(finished) >= s.window_requests // 2 and sum(finished) / len(finished) >= 0.7 * s.window_requests
+
+
+def test_the_regime_holds_through_a_rate_wobble_at_a_low_rate(cost, tmp_path):
+    """0.08 requests/s, then 0.11 for a while (under half an octave: within the drift detector's
+    slack and the study match), then 0.08 again: one regime and no drift throughout. With a fixed
+    60-s context (`min_window_requests` 1) the rate read from ~5 arrivals moves by octaves, and the
+    controller drifts between regimes on noise alone."""
+    specs = steady(0.08, 1500, seed=9) + steady(0.11, 1500, seed=10, start_s=1500) + \
+        steady(0.08, 1500, seed=11, start_s=3000)
+
+    def drifts(min_window_requests: int, state) -> int:
+        sim, _, controller = sim_controller(cost, state, Knobs(token_budget=128))
+        controller.settings = settings(min_window_requests=min_window_requests, context_window_s=60.0)
+        sim.submit(specs)
+        while sim.now < specs[-1].arrival_s:
+            controller.step()
+        decisions = [json.loads(line) for line in (state / "decisions.jsonl").read_text().splitlines()]
+        assert len({d["regime"] for d in decisions if d["regime"]}) == len(controller.state.regimes())
+        return sum(d["action"] == "drift" for d in decisions)
+
+    assert drifts(20, tmp_path / "counted") == 0
+    assert drifts(1, tmp_path / "fixed") > 0
+
+
+def test_a_warm_start_pick_too_thin_to_judge_stays_first(cost, tmp_path):
+    """A window of the warm start's pick in which too few requests finished to count is discarded,
+    and the pick (the cost model's choice) is measured again next instead of giving way to a TPE
+    sample: at the CPU's diurnal rates (3-16 requests in 600 s) the best pick was dropped this way
+    and TPE's random ones ran live."""
+    sim, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=128))
+    sim.submit(steady(0.002, 3000, seed=12))
+    sim.run_until(100.0)
+    controller.study = optuna.create_study(direction="maximize")
+    incumbent = controller.incumbent()
+    pick = controller.space.snap(incumbent | {"token_budget": 512})
+    controller.picks = [pick]
+    for _ in range(2):
+        trial, params = controller._ask(incumbent, recheck=False)
+        assert params == pick and trial.user_attrs["source"] == "warm-start"
+        assert controller._measure(trial, incumbent) is None
+        assert controller.picks == [pick]
+    assert all("requests finished in the window" in t.user_attrs["discarded"] for t in controller.study.trials)
+
+
+def test_window_settings_are_checked():
+    with pytest.raises(ValueError, match="min_window_requests must be at least 1"):
+        settings(min_window_requests=0)
+    with pytest.raises(ValueError, match="longest_window_s .* between max_window_s"):
+        settings(longest_window_s=30.0)              # shorter than max_window_s (60)
+    with pytest.raises(ValueError, match="telemetry's horizon"):
+        settings(longest_window_s=3600.0)
 
 
 def test_cold_start_only_lowers_the_budget(cost, tmp_path):
@@ -313,26 +398,32 @@ def test_the_longest_window_counts_with_few_requests(cost, tmp_path):
 
 
 def test_too_few_requests_a_window_to_tell_configurations_apart_holds_the_incumbent(cost, tmp_path):
-    """Windows that run to max_window_s with fewer than half of min_requests finished (the CPU's
-    summarization, ~9 a window) move by more on noise than configurations differ: the incumbent is
-    re-measured, not explored away from; the warm start's picks are still measured first."""
+    """Windows with fewer than half of min_requests finished (the CPU's summarization, ~9 a
+    120-s window), or at a rate too low for min_requests within max_window_s (the windows that grow
+    to hold min_window_requests), move by as much on noise as configurations differ: the incumbent
+    (the warm start's first pick that met the SLO, judged on the cost model) is re-measured, not
+    explored away from, and the warm start's other picks wait too."""
     _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
     space = load_search_space()
     incumbent = space.snap({"token_budget": 256})
-    half = controller.settings.min_requests // 2
+    s = controller.settings
+    half = s.min_requests // 2
+    fast, slow = 2 * s.min_requests / s.max_window_s, 0.9 * s.min_requests / s.max_window_s
 
-    def action_after(finished: int, queued: bool = False) -> str:
+    def action_after(finished: int, queued: bool = False, rate: float = fast) -> str:
         controller.study = optuna.create_study(direction="maximize")
         controller.study.add_trial(create_trial(
             params=incumbent, distributions=space.distributions(), value=0.8,
             constraints={"ttft_p50": -1.0, "tbt_p99": -0.1},
-            user_attrs={"window": {"slo_attainment": 0.8, "num_finished": finished}}))
+            user_attrs={"window": {"slo_attainment": 0.8, "num_finished": finished, "arrival_rate_rps": rate}}))
         controller.picks = [incumbent | {"token_budget": 512}] if queued else []
         return controller._next_action(incumbent)
 
     assert action_after(half - 1) == "recheck"
-    assert action_after(half - 1, queued=True) == "trial"
+    assert action_after(half - 1, queued=True) == "recheck"    # the warm start's first pick that met the SLO stands
     assert action_after(half) == "trial"
+    assert action_after(s.min_requests, rate=slow) == "recheck"
+    assert action_after(s.min_requests, queued=True, rate=fast) == "trial"
 
 
 def test_a_study_stored_before_ttft_pace_joined_the_space_carries_over(cost, tmp_path):
