@@ -35,6 +35,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--llama-bin", required=True, help="folder holding llama-perplexity (benchmarks/build_llama_cpp.sh)")
     p.add_argument("--models", nargs="+", default=["bundled"], help="GGUF files; 'bundled': SmolLM2-135M")
     p.add_argument("--ctx", type=int, default=128, help="tokens per chunk (default 128)")
+    p.add_argument("--text", default=None, help="a text file to score instead (a longer one for a --ctx past a "
+                                                "sliding window: llama-perplexity wants 2 x ctx tokens)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", default=None)
     return p.parse_args()
@@ -50,11 +52,16 @@ def llama_perplexity(binary: str, model: str, text_path: str, ctx: int, threads:
     return ppl, chunks
 
 
-def our_perplexity(model: str, ctx: int) -> tuple[float, int]:
+def our_perplexity(model: str, ctx: int, text: str = TEXT) -> tuple[float, int]:
     """(PPL, chunks) scored as llama-perplexity scores them."""
     engine = LLMEngine(EngineConfig(model=model, num_kv_blocks=64, block_size=16))
-    ids = engine.tokenizer.encode(TEXT)
-    bos = engine.model_config.bos_token_id if add_bos(model) else None
+    return engine_perplexity(engine, ctx, add_bos(model), text)
+
+
+def engine_perplexity(engine: LLMEngine, ctx: int, with_bos: bool, text: str = TEXT) -> tuple[float, int]:
+    """(PPL, chunks) of the text on a built engine (tests/test_families.py's real-file test shares it)."""
+    ids = engine.tokenizer.encode(text)
+    bos = engine.model_config.bos_token_id if with_bos else None
     first = ctx // 2
     nll, count, chunks = 0.0, 0, len(ids) // ctx
     for c in range(chunks):
@@ -78,14 +85,16 @@ def add_bos(model: str) -> bool:
 def main() -> None:
     args = parse_args()
     results = []
+    text = pathlib.Path(args.text).read_text() if args.text else TEXT
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(TEXT)
+        f.write(text)
     for model in args.models:
         path = bundled_model_path() if model == "bundled" else os.path.expanduser(model)
         llama_ppl, llama_chunks = llama_perplexity(os.path.join(args.llama_bin, "llama-perplexity"), path, f.name,
                                                    args.ctx, args.threads)
-        ours, chunks = our_perplexity(path, args.ctx)
-        results.append({"model": os.path.basename(path), "ctx": args.ctx, "llama_ppl": llama_ppl,
+        ours, chunks = our_perplexity(path, args.ctx, text)
+        results.append({"model": os.path.basename(path), "ctx": args.ctx, "text": args.text or "default",
+                        "llama_ppl": llama_ppl,
                         "llama_chunks": llama_chunks, "ours_ppl": ours, "ours_chunks": chunks, "ratio": ours / llama_ppl})
         print(f"{os.path.basename(path)}: ours {ours:.4f} ({chunks} chunks), llama.cpp {llama_ppl:.4f} "
               f"({llama_chunks} chunks): {ours / llama_ppl:.4f}x", flush=True)

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 
 import pytest
 import torch
@@ -170,6 +172,19 @@ def test_a_qwen3_preset_builds_with_its_norms():
     assert PRESETS["qwen3-0.6b"].qk_norm
 
 
+def test_gemma3_prompt_past_the_window_in_one_chunk(tmp_path):
+    """A first chunk longer than the window (the banded mask over its own keys), on the torch and CPU backends:
+    transformers' logits at every position."""
+    hf = save_hf_model(tmp_path, "gemma3", **GEMMA3)
+    prompt = shared_prefix_prompts()[3]
+    assert len(prompt) > 4 * GEMMA3["sliding_window"]
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0]
+    for backend in ("torch", "cpu") if fast_library() is not None else ("torch",):
+        ours = make_engine(str(tmp_path), attention_backend=backend).runner.prompt_logits(prompt)
+        torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_a_gemma3_with_vision_serves_its_text_model(tmp_path):
     """model_type "gemma3" (Gemma3ForConditionalGeneration): text_config and the text model's weights under
     model.language_model. are served, the vision tower's left out: the text model's logits."""
@@ -207,3 +222,38 @@ def test_gemma3_config_json_of_older_transformers():
         "full_attention",)
     assert (c.rope_theta, c.rope_local_theta, c.rope_scaling.rope_type, c.rope_scaling.factor) == (1e6, 1e4, "linear", 8)
     assert (c.window, c.attention_scale, c.vocab_size, c.tie_word_embeddings) == (32, 168 ** -0.5, 262_208, True)
+
+
+GEMMA_270M = os.path.join(os.environ.get("MODELS_DIR", os.path.expanduser("~/.cache/autotuned-models")),
+                          "gemma-3-270m.gguf")
+PERPLEXITY_RESULTS = pathlib.Path(__file__).parent.parent / "docs" / "results" / "llama_cpp_perplexity_gemma3.json"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isfile(GEMMA_270M), reason="../shared/models/get-model.sh gemma-3-270m")
+def test_real_gemma_3_270m_on_the_kernels_writes_and_scores_as_llama_cpp():
+    """The real base model (Q4_K_M mix: Q5_0/Q4_K/Q6_K/Q8_0): projections and the tied Q8_0 head on the native
+    kernels, greedy text that knows its capitals, and perplexity within 1% of llama-perplexity's on the same
+    file and text (recorded by benchmarks/llama_cpp_perplexity.py in docs/results)."""
+    import importlib
+    import sys
+
+    from engine import LLM, SamplingParams
+
+    llm = LLM(GEMMA_270M, num_kv_blocks=128, block_size=16)
+    model = llm.engine.runner.model
+    assert isinstance(model.model.layers[0].self_attn.qkv_proj, QuantizedLinear)
+    assert isinstance(model.model.layers[0].mlp.down_proj, QuantizedLinear)
+    assert isinstance(model.lm_head, QuantizedLinear)
+    out = llm.generate("The capital of France is", SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)[0]
+    assert "Paris" in out.text
+    llama = next(r for r in json.loads(PERPLEXITY_RESULTS.read_text())["results"]
+                 if r["model"] == "gemma-3-270m.gguf" and r["text"] == "default")
+    sys.path.insert(0, str(PERPLEXITY_RESULTS.parent.parent.parent / "benchmarks"))   # it imports bench_common
+    try:
+        bench = importlib.import_module("llama_cpp_perplexity")
+    finally:
+        sys.path.pop(0)
+    ours, chunks = bench.engine_perplexity(llm.engine, llama["ctx"], with_bos=True)
+    assert chunks == llama["llama_chunks"]
+    assert abs(ours / llama["llama_ppl"] - 1) < 0.01
