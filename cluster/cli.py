@@ -31,6 +31,12 @@ def add_parser(sub) -> None:
     p.add_argument("--replica-cpus", type=float, default=1.0, help="Ray CPUs per replica (default 1)")
     p.add_argument("--replica-gpus", type=float, default=0.0, help="Ray GPUs per replica (1 on a GPU cluster)")
     p.add_argument("--torch-threads", type=int, default=None, help="torch threads per replica")
+    p.add_argument("--max-replicas", type=int, default=None, help="run the SLO planner (docs/cluster.md): it "
+                   "sizes the fleet between --min-replicas and this, starting at --replicas")
+    p.add_argument("--min-replicas", type=int, default=1, help="the planner's least replicas (default 1)")
+    p.add_argument("--replica-capacity-rps", type=float, default=None, help="the planner's capacity of one "
+                   "replica within the SLO, requests/s (e.g. from `autotuned-serve capacity`)")
+    p.add_argument("--plan-interval-s", type=float, default=30.0, help="the planner's interval (default 30 s)")
     p.add_argument("--no-tune", dest="tune", action="store_const", const=False, default=None,
                    help="replicas serve with fixed knobs")
     p.add_argument("--no-calibrate", dest="calibrate", action="store_const", const=False, default=None,
@@ -41,14 +47,19 @@ def add_parser(sub) -> None:
 
 def spec_from_args(args: argparse.Namespace):
     from cluster.cluster_spec import ClusterSpec
+    from cluster.planner_config import PlannerConfig
     from cluster.router import RouterConfig
 
     flags = (("model", args.model), ("tune", args.tune), ("calibrate", args.calibrate))
     settings = {k: v for k, v in flags if v is not None}
+    planner = None
+    if getattr(args, "max_replicas", None) is not None:
+        planner = PlannerConfig(min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                                interval_s=args.plan_interval_s, replica_capacity_rps=args.replica_capacity_rps)
     return ClusterSpec(replicas=args.replicas, config=args.config, settings=settings, state_dir=args.state_dir,
                        tuner_storage=args.tuner_storage, router=RouterConfig(policy=args.router),
                        replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus,
-                       torch_threads=args.torch_threads)
+                       torch_threads=args.torch_threads, planner=planner)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -71,7 +82,8 @@ def run(args: argparse.Namespace) -> None:
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(cluster_app(spec), name="autotuned-serve", route_prefix="/")
+        serve.run(cluster_app(spec), name="autotuned-serve", route_prefix="/",
+                  external_scaler_enabled=spec.planner is not None)    # the planner scales through Serve
         print(f"serving {spec.replicas} replicas on http://{args.host}:{args.port} (Ctrl-C stops)", flush=True)
         stop.wait()
     finally:

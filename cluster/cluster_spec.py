@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.planner_config import PlannerConfig
 from cluster.router import RouterConfig
 from serving.cli import served_model_name
 from serving.daemon_config import DaemonConfig
@@ -28,6 +29,7 @@ class ClusterSpec:
     replica_gpus: float = 0.0
     torch_threads: int | None = None         # torch threads per replica (None: torch's default)
     max_ongoing_requests: int = 1024         # per deployment; the engine's max_waiting answers 429 first
+    planner: PlannerConfig | None = None     # the SLO planner sizes the fleet; `replicas` is then the start
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -39,6 +41,9 @@ class ClusterSpec:
         unknown = set(self.settings) - {f.name for f in dataclasses.fields(Settings)}
         if unknown:
             raise ValueError(f"settings: unknown field {sorted(unknown)[0]!r}")
+        if self.planner is not None and self.planner.replica_capacity_rps is None:
+            raise ValueError("planner: replica_capacity_rps is needed on a live cluster (one replica's rate "
+                             "within the SLO, e.g. from autotuned-serve capacity)")
         self.daemon_settings()     # a bad settings file or value fails here, not in every replica
 
     @staticmethod
@@ -50,10 +55,20 @@ class ClusterSpec:
         values = dict(args)
         if isinstance(values.get("router"), dict):
             values["router"] = RouterConfig(**values["router"])
+        if isinstance(values.get("planner"), dict):
+            values["planner"] = PlannerConfig.from_dict(values["planner"])
         return ClusterSpec(**values)
 
     def replica_names(self) -> list[str]:
-        return [f"replica-{i}" for i in range(self.replicas)]
+        """Every replica deployment: with the planner, one per replica it may run (most at 0)."""
+        count = self.planner.max_replicas if self.planner else self.replicas
+        return [f"replica-{i}" for i in range(count)]
+
+    def initial_replicas(self) -> list[str]:
+        """The deployments that start with a replica."""
+        if self.planner is None:
+            return self.replica_names()
+        return self.replica_names()[:min(max(self.replicas, self.planner.min_replicas), self.planner.max_replicas)]
 
     def daemon_settings(self) -> Settings:
         return load_settings(self.config, dict(self.settings))

@@ -25,9 +25,12 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from cluster.asgi_call import HttpCall, ResponseHead
 from cluster.cluster_spec import ClusterSpec
+from cluster.planner_service import PlannerService
+from cluster.replica_telemetry import ReplicaTelemetry
 from cluster.prompt_key import NO_KEY, route_key
 from cluster.router import Decision, NoReplicaError, Router
 from cluster.router_metrics import RouterMetrics
+from cluster.serve_scaling import scale_deployment
 from loadgen.prompts import load_prompt_tokenizer
 from serving.openai_protocol import error_body
 from telemetry.constant_labels import render
@@ -59,7 +62,9 @@ class Ingress:
         self.handles = dict(zip(self.names, replicas))
         settings = spec.daemon_settings()
         self.model = spec.served_model_name
-        self.router = Router(self.names, spec.router, settings.block_size)
+        self.router = Router(spec.initial_replicas(), spec.router, settings.block_size)
+        self.planner = None if spec.planner is None else PlannerService(
+            spec.planner, self.names, spec.initial_replicas(), self.router, self._scale)
         self.block_size, self.default_max_tokens = settings.block_size, settings.default_max_tokens
         self.tokenizer = load_prompt_tokenizer(settings.model)
         self.metrics = RouterMetrics()
@@ -84,7 +89,7 @@ class Ingress:
         self._start_polling()
         healthy = self.router.healthy()
         status = {"status": "ok" if healthy else "unavailable",
-                  "replicas": {r: self.router.loads[r].healthy for r in self.names}}
+                  "replicas": {r: self.router.loads[r].healthy for r in self.router.replicas}}
         return JSONResponse(status, 200 if healthy else 503)
 
     @app.get("/metrics")
@@ -105,8 +110,9 @@ class Ingress:
         overheads = sorted(self.metrics.recent_overheads)
         return {"policy": self.spec.router.policy,
                 "replicas": {r: {"healthy": self.router.loads[r].healthy, "load_tokens": self.router.load_tokens(r),
-                                 "incarnation": self.router.loads[r].incarnation} for r in self.names},
+                                 "incarnation": self.router.loads[r].incarnation} for r in self.router.replicas},
                 "indexed_blocks": len(self.router.index),
+                "planner": self.planner.status() if self.planner else None,
                 "overhead_s": {"count": len(overheads), "p50": _quantile(overheads, 0.5),
                                "p99": _quantile(overheads, 0.99)}}
 
@@ -133,17 +139,22 @@ class Ingress:
                               code="no_replica", headers={"Retry-After": "1"})
             if not tried:
                 self.metrics.on_decision(decision, time.perf_counter() - start)
+                if self.planner and replica is None:
+                    self.planner.on_routed(key.prompt_tokens, key.output_tokens, decision.cached_tokens)
             stream = self.handles[decision.replica].options(stream=True).handle_http.remote(call)
+            self._sent(decision.replica)
             try:
                 head = await anext(stream)
             except REPLICA_FAILURES as e:
                 log.warning("replica %s failed before answering (%s); trying another", decision.replica,
                             type(e).__name__)
                 self.router.mark_unhealthy(decision.replica)
+                self._done(decision.replica)
             else:
-                if head.status != 503 or replica is not None or len(tried) + 1 >= len(self.names):
+                if head.status != 503 or replica is not None or len(tried) + 1 >= len(self.router.replicas):
                     return await self._respond(head, stream, decision.replica)
                 stream.cancel()                    # loading or draining: another replica may serve it now
+                self._done(decision.replica)
             if replica is not None:
                 return _error(502, f"replica {replica} failed", "server_error", code="replica_failed")
             tried.append(decision.replica)
@@ -159,7 +170,7 @@ class Ingress:
             try:
                 return self.router.choose(key.block_keys, key.prompt_tokens, key.output_tokens, exclude=tried)
             except NoReplicaError:
-                if time.monotonic() > deadline or len(tried) >= len(self.names):
+                if time.monotonic() > deadline or len(tried) >= len(self.router.replicas):
                     return None
                 await asyncio.sleep(0.05)
 
@@ -173,6 +184,8 @@ class Ingress:
             self.router.mark_unhealthy(replica)
             self.metrics.failed.labels(replica).inc()
             return _error(502, "the replica serving this request failed", "server_error", code="replica_failed")
+        finally:
+            self._done(replica)
         return Response(body, head.status, headers)
 
     async def _relay(self, stream: DeploymentResponseGenerator, replica: str) -> AsyncIterator[bytes]:
@@ -187,15 +200,40 @@ class Ingress:
             yield f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()
         finally:
             stream.cancel()              # a client gone away: the replica aborts the request
+            self._done(replica)
+
+    # -- the planner (cluster/planner_service.py) --
+    def _sent(self, replica: str) -> None:
+        if self.planner:
+            self.planner.sent(replica)
+
+    def _done(self, replica: str) -> None:
+        if self.planner:
+            self.planner.done(replica)
+
+    async def _scale(self, replica: str, count: int) -> None:
+        await scale_deployment(serve.get_replica_context().app_name, replica, count)
+
+    async def _ask_telemetry(self, names: list[str], seconds: float) -> list[ReplicaTelemetry]:
+        answers = await asyncio.gather(*(asyncio.wait_for(self.handles[n].telemetry.remote(seconds),
+                                                          self.spec.router.load_timeout_s) for n in names),
+                                       return_exceptions=True)
+        return [a for a in answers if isinstance(a, ReplicaTelemetry)]
 
     # -- the replicas' loads --
     def _start_polling(self) -> None:
         if not self._pollers:
-            self._pollers = [asyncio.get_running_loop().create_task(self._poll(name)) for name in self.names]
+            loop = asyncio.get_running_loop()
+            self._pollers = [loop.create_task(self._poll(name)) for name in self.names]
+            if self.planner:
+                self._pollers.append(loop.create_task(self.planner.run(self._ask_telemetry)))
 
     async def _poll(self, name: str) -> None:
         config = self.spec.router
         while True:
+            if name not in self.router.replicas:       # at 0 replicas, or leaving: nothing to ask
+                await asyncio.sleep(config.load_interval_s)
+                continue
             try:
                 load = await asyncio.wait_for(self.handles[name].load.remote(), config.load_timeout_s)
                 self.router.update(name, load)

@@ -26,6 +26,7 @@ class PlannerConfig:
     correction_min: float = 0.5         # bounds of the observed/predicted latency factors
     correction_max: float = 2.0
     min_samples: int = 20               # finished requests an interval needs before its latencies count
+    replica_capacity_rps: float | None = None   # live: one replica's measured capacity (`autotuned-serve capacity`)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -46,6 +47,8 @@ class PlannerConfig:
                              f"{self.correction_min} and {self.correction_max}")
         if self.min_samples < 1:
             raise ValueError(f"planner: min_samples must be >= 1, got {self.min_samples}")
+        if self.replica_capacity_rps is not None and not self.replica_capacity_rps > 0:
+            raise ValueError(f"planner: replica_capacity_rps must be > 0, got {self.replica_capacity_rps}")
 
     @property
     def horizon_intervals(self) -> float:

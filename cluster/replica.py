@@ -13,6 +13,7 @@ from ray import serve
 
 from cluster.asgi_call import HttpCall, ResponseHead, call_app
 from cluster.cluster_spec import ClusterSpec
+from cluster.replica_telemetry import ReplicaTelemetry
 from cluster.router import ReplicaLoad
 from serving.daemon import build_daemon
 from telemetry.constant_labels import labelled
@@ -43,6 +44,11 @@ class Replica:
             return ReplicaLoad(healthy=False, incarnation=self.incarnation)
         queued, running = state.loop.token_load()
         return ReplicaLoad(queued, running, True, self.incarnation)
+
+    async def telemetry(self, seconds: float) -> ReplicaTelemetry:
+        """What finished here in the last `seconds`, for the planner."""
+        window = self.daemon.telemetry.window
+        return ReplicaTelemetry.of(window.recent_requests(seconds), window.slo, window.window(seconds).kv_usage_mean)
 
     async def metric_families(self) -> list:
         return labelled(self.daemon.telemetry.metrics.registry.collect(), {"replica": self.name})

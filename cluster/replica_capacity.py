@@ -36,6 +36,12 @@ class ReplicaCapacity:
         if not (self.rate_rps > 0 and self.prefill_token_s > 0 and self.decode_token_s > 0):
             raise ValueError("replica capacity: rate and per-token times must be > 0")
 
+    @staticmethod
+    def measured(rate_rps: float) -> ReplicaCapacity:
+        """A rate measured on a live replica under its own traffic (`autotuned-serve capacity`),
+        taken as it is: no profiled mix or per-token prices to convert it to another mix."""
+        return ReplicaCapacity(rate_rps, 0.0, 0.0, 0.0, 1.0, 1.0)
+
     def work_s(self, prompt_tokens: float, output_tokens: float, cached_fraction: float,
                prefill_factor: float = 1.0, decode_factor: float = 1.0) -> float:
         """Replica time a request of this shape takes (its prefill and decode parts each scaled by
@@ -47,6 +53,8 @@ class ReplicaCapacity:
                  prefill_factor: float = 1.0, decode_factor: float = 1.0) -> float:
         """Requests/s of this mix one replica sustains within the SLO."""
         profiled = self.work_s(self.prompt_tokens, self.output_tokens, self.cached_fraction)
+        if profiled == 0:           # measured(): the rate as it is, slowed by what latency says
+            return self.rate_rps / max(prefill_factor, decode_factor)
         observed = self.work_s(prompt_tokens, output_tokens, cached_fraction, prefill_factor, decode_factor)
         return self.rate_rps * profiled / observed if observed > 0 else self.rate_rps
 
