@@ -47,32 +47,7 @@ int64_t block_bytes(int type) {
 int qlin_type_supported(int type) { return block_bytes(type) > 0; }
 
 /* GGUF block `blk`: element i's stored integer (Q6_K's still +32, Q8_0's signed) */
-int gguf_block_quant(int type, const uint8_t *blk, int i) {
-    const int l = i % 32, j = i / 32;  /* within a K-quant: sub-block j, element l */
-    switch (type) {
-    case T_Q4_0: case T_Q4_1: {
-        const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
-        return i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
-    }
-    case T_Q5_0: {
-        uint32_t qh;
-        memcpy(&qh, blk + 2, 4);
-        const uint8_t *qs = blk + 6;
-        return (i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4) | ((qh >> i) & 1) << 4;
-    }
-    case T_Q8_0: return ((const int8_t *)blk)[2 + i];
-    case T_Q4_K: case T_Q5_K: {
-        const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16), *qh = blk + 16;
-        const int lo = j & 1 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 0xF;
-        return type == T_Q5_K ? lo | ((qh[l] >> j) & 1) << 4 : lo;
-    }
-    default: {  /* Q6_K: halves of 128, groups g of 32 */
-        const int h = i / 128, g = (i % 128) / 32;
-        const uint8_t ql = blk[64 * h + l + (g & 1) * 32], qh = blk[128 + 32 * h + l];
-        return ((g & 2) ? ql >> 4 : ql & 0xF) | ((qh >> (2 * g)) & 3) << 4;
-    }
-    }
-}
+int gguf_block_quant(int type, const uint8_t *blk, int i) { return gguf_block_quant_inline(type, blk, i); }
 
 /* ---- scalar kernels (any CPU; the tests' second reference) ------------------------------------ */
 

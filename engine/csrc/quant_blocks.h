@@ -4,6 +4,7 @@
 #define QUANT_BLOCKS_H
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 #define QK 32
@@ -33,6 +34,34 @@ int64_t block_bytes(int type);
 int qlin_type_supported(int type);
 /* element i of a GGUF block as stored: Q4_x/Q4_K 0..15, Q5_x 0..31, Q6_K 0..63 (before its -32), Q8_0 signed */
 int gguf_block_quant(int type, const uint8_t *blk, int i);
+
+/* inline, so that a caller with a constant type (the x16 repack) gets that type's code alone */
+static inline int gguf_block_quant_inline(int type, const uint8_t *blk, int i) {
+    const int l = i % 32, j = i / 32;  /* within a K-quant: sub-block j, element l */
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: {
+        const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
+        return i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
+    }
+    case T_Q5_0: {
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        const uint8_t *qs = blk + 6;
+        return (i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4) | ((qh >> i) & 1) << 4;
+    }
+    case T_Q8_0: return ((const int8_t *)blk)[2 + i];
+    case T_Q4_K: case T_Q5_K: {
+        const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16), *qh = blk + 16;
+        const int lo = j & 1 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 0xF;
+        return type == T_Q5_K ? lo | ((qh[l] >> j) & 1) << 4 : lo;
+    }
+    default: {  /* Q6_K: halves of 128, groups g of 32 */
+        const int h = i / 128, g = (i % 128) / 32;
+        const uint8_t ql = blk[64 * h + l + (g & 1) * 32], qh = blk[128 + 32 * h + l];
+        return ((g & 2) ? ql >> 4 : ql & 0xF) | ((qh >> (2 * g)) & 3) << 4;
+    }
+    }
+}
 
 /* Q4_K/Q5_K pack 8 six-bit scales and 8 six-bit mins in 12 bytes (llama.cpp's get_scale_min_k4) */
 static inline void q4k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
