@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from engine.errors import ModelLoadError
+from engine.gguf_file import GgufFile, read_gguf_file
 from engine.hub_cache import looks_like_repo_id, resolve_repo_id
 from engine.model_config import FULL, PRESETS, SLIDING, ModelConfig, RopeScaling, cap_to_window, rope_scaling_from
 from engine.quantized_linear import QuantizedTensor, is_supported, load_kernels
@@ -234,13 +235,14 @@ _GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_nor
 
 
 def read_gguf(path: str, keep_quantized: bool = False) -> Checkpoint:
-    """Dequantize every tensor with the `gguf` package (keep_quantized: not the 2-D weights of a type the
-    kernels run, which stay as stored) and undo llama.cpp's q/k row permutation."""
+    """Read the file (engine/gguf_file.py), dequantize every tensor with the `gguf` package (keep_quantized:
+    not the 2-D weights of a type the kernels run, which stay as stored) and undo llama.cpp's q/k row
+    permutation."""
     import gguf
 
     try:
-        reader = gguf.GGUFReader(path)
-        meta = _gguf_metadata(reader)
+        reader = read_gguf_file(path)
+        meta = reader.metadata
         shapes = {t.name: [int(d) for d in t.shape] for t in reader.tensors}
         if "token_embd.weight" not in shapes:
             raise ModelLoadError(f"GGUF file {path} has no token_embd.weight tensor")
@@ -272,8 +274,8 @@ def read_gguf(path: str, keep_quantized: bool = False) -> Checkpoint:
     return Checkpoint(config, state, "gguf", path, meta, quantized)
 
 
-def _log_quantized(path: str, quantized: dict[str, QuantizedTensor], state: dict[str, torch.Tensor], reader,
-                   arch: str) -> None:
+def _log_quantized(path: str, quantized: dict[str, QuantizedTensor], state: dict[str, torch.Tensor],
+                   reader: GgufFile, arch: str) -> None:
     kept = Counter(q.type_name for q in quantized.values())
     dense = Counter(t.tensor_type.name for t in reader.tensors
                     if _gguf_to_hf_name(t.name, arch) in state and len(t.shape) == 2)
@@ -282,17 +284,10 @@ def _log_quantized(path: str, quantized: dict[str, QuantizedTensor], state: dict
              f"; dequantized, no kernel for: {', '.join(f'{n} x{c}' for n, c in sorted(dense.items()))}" if dense else "")
 
 
-def _gguf_metadata(reader: Any) -> dict[str, Any]:
-    skip = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
-    return {key: field.contents() for key, field in reader.fields.items() if key not in skip}
-
-
 def read_gguf_metadata(path: str) -> dict[str, Any]:
     """A GGUF's key/values (the vocabulary's arrays left out), for callers that load no weights."""
-    import gguf
-
     try:
-        return _gguf_metadata(gguf.GGUFReader(path))
+        return read_gguf_file(path).metadata
     except Exception as e:  # as read_gguf
         raise ModelLoadError(f"cannot read GGUF file {path}: {type(e).__name__}: {e}") from e
 
