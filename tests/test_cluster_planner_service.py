@@ -77,3 +77,24 @@ def test_an_interval_sums_arrivals_and_the_replicas_answers():
 
     decision = asyncio.run(s.step(ask))        # 3 req/s at 1 req/s a replica, the SLO missed: 3 replicas
     assert decision.target == 3 and calls == [("replica-1", 1), ("replica-2", 1)]
+
+
+def test_a_cluster_with_a_planner_deploys_every_replica_it_may_run_and_starts_some():
+    import pytest
+
+    from cluster.cli import spec_from_args
+    from cluster.cluster_spec import ClusterSpec
+    from serving.cli import build_parser
+
+    spec = ClusterSpec.from_dict({"replicas": 1, "planner": {"max_replicas": 3, "replica_capacity_rps": 2.0}})
+    assert spec.replica_names() == NAMES and spec.initial_replicas() == ["replica-0"]
+    assert ClusterSpec(replicas=2).initial_replicas() == ClusterSpec(replicas=2).replica_names()
+    with pytest.raises(ValueError) as error:
+        ClusterSpec.from_dict({"planner": {"max_replicas": 3}})
+    assert "replica_capacity_rps is needed" in str(error.value) and "\n" not in str(error.value)
+    args = build_parser().parse_args(["cluster", "--replicas", "2", "--max-replicas", "4", "--min-replicas", "2",
+                                      "--replica-capacity-rps", "0.5", "--plan-interval-s", "10"])
+    planner = spec_from_args(args).planner
+    assert (planner.min_replicas, planner.max_replicas, planner.interval_s, planner.replica_capacity_rps) == \
+        (2, 4, 10.0, 0.5)
+    assert spec_from_args(build_parser().parse_args(["cluster"])).planner is None
