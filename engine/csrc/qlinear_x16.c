@@ -58,14 +58,16 @@
 typedef struct { float d, s, sh[2]; uint8_t lo[32]; int8_t hi[32]; } block_a8x2;
 #define NA_X16 8  /* activation rows per pass over a group's weights */
 
-/* Software prefetch PREFETCH_AHEAD bytes ahead of the weight stream. On a 2-core Xeon (Sapphire Rapids
- * class, in a VM) a batch-1 step read DRAM at 13 GB/s for Q4_K without it and 18 with it (torch's sum:
- * 20; benchmarks/x16_kernels.py): the hardware prefetchers alone keep too few lines in flight there. 4 KB
- * and 1 KB ahead measured alike; a group's stream is contiguous, so lines past its end are the next
- * group's (or harmless: a prefetch never faults). */
+/* Software prefetch PREFETCH_AHEAD bytes ahead of the weight stream. On a 2-core Xeon (AMX, AVX-512 FP16;
+ * in a VM) a batch-1 step read DRAM at 13 GB/s for Q4_K without it and 18 with it (torch's sum: 20;
+ * benchmarks/x16_kernels.py, docs/llama_cpp.md): the hardware prefetchers alone keep too few lines in
+ * flight there. 4 KB and 1 KB ahead measured alike; a group's stream is contiguous, so lines past its end
+ * are the next group's (or harmless: a prefetch never faults). -DPREFETCH_AHEAD=0 builds without. */
+#ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 4096
+#endif
 #define prefetch_ahead(p, bytes)                                                                   \
-    for (int off_ = 0; off_ < (bytes); off_ += 64)                                                  \
+    for (int off_ = 0; PREFETCH_AHEAD > 0 && off_ < (bytes); off_ += 64)                            \
         _mm_prefetch((const char *)(p) + PREFETCH_AHEAD + off_, _MM_HINT_T0)
 
 typedef struct {
