@@ -485,7 +485,7 @@ class Controller:
             if self._workload_changed():             # a window mixing two workloads; the next step switches regimes
                 return self._fail(trial, "discarded", "the workload changed during the window")
             partial = self.target.window(length * quarter / 4)
-            if quarter < 4 and self._should_abort(partial):
+            if quarter < 4 and self._should_abort(partial) and not self._held(trial, incumbent):
                 # a real (short) measurement: told as such, so a bad incumbent loses its place too
                 result = self._score(partial)
                 trial.set_user_attr("aborted", True)
@@ -499,6 +499,13 @@ class Controller:
                 self.picks.insert(0, self.space.snap(trial.params))
             return self._fail(trial, "discarded", f"{window.num_finished} requests finished in the window")
         return window
+
+    def _held(self, trial: optuna.Trial, incumbent: dict[str, Any]) -> bool:
+        """A re-check of an incumbent held because windows are too thin to rank configurations: it
+        runs its whole window, there being nothing to roll back to, and a quarter of a thin window
+        (1-4 requests at diurnal's rates) is no evidence; aborting on one dethroned the held pick
+        late in the day and sent TPE's samples live."""
+        return trial.user_attrs.get("source") == "recheck" and self._too_few_requests(incumbent)
 
     def _least_finished(self, length: float) -> int:
         """Finished requests a window needs to count: half of `min_requests`, or MIN_FINISHED in a

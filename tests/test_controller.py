@@ -425,6 +425,13 @@ def test_too_few_requests_a_window_to_tell_configurations_apart_holds_the_incumb
     assert action_after(s.min_requests, rate=slow) == "recheck"
     assert action_after(s.min_requests, queued=True, rate=fast) == "trial"
 
+    def held_after(finished: int) -> bool:        # its re-check runs its whole window: a thin quarter aborts nothing
+        action_after(finished)
+        trial, _ = controller._ask(incumbent, recheck=True)
+        return controller._held(trial, incumbent)
+
+    assert held_after(half - 1) and not held_after(s.min_requests)
+
 
 def test_a_study_stored_before_ttft_pace_joined_the_space_carries_over(cost, tmp_path):
     """Trials stored without ttft_pace (and the other deadline knobs added since): their
