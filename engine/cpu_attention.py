@@ -6,9 +6,8 @@ those bytes outnumber the weights' (16 sequences of 500 tokens: 368 MB of SmolLM
 96 MB of quantized weights), so the kernel reads each sequence's blocks where they lie instead.
 Prefill chunks stay on torch's SDPA (flash) kernel, where the gather is a small part of the work.
 For an fp32 model, with the cache in fp32 or fp16 (the engine's default here: half the bytes, see
-EngineConfig.kv_cache_dtype); a bf16 model takes the torch backend. A sliding-window layer's step where
-some decode is longer than the window takes the torch decode too (the kernel attends from a sequence's
-first key).
+EngineConfig.kv_cache_dtype); a bf16 model takes the torch backend. A sliding-window layer's decodes
+longer than the window run on the kernel too, through a table of one-slot blocks listing the window's keys.
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention import HeadShape, TorchAttention, TorchAttentionMetadata, block_table_matrix, prefill_chunks
+from engine.attention import (HeadShape, TorchAttention, TorchAttentionMetadata, block_table_matrix, decode_keys,
+                              prefill_chunks)
 from engine.batch_layout import BatchLayout
 from engine.cpu_kernels import CpuLibrary
 
@@ -47,11 +47,16 @@ class CpuPagedAttention(TorchAttention):
 
     def prepare(self, layout: BatchLayout, device: torch.device, window: int | None = None) -> CpuAttentionMetadata:
         d = layout.num_decodes
-        if window is not None and d and int(layout.seq_lens[:d].max()) > window:
-            return CpuAttentionMetadata(**vars(super().prepare(layout, device, window)))   # decode_tables None: torch's
         meta = CpuAttentionMetadata(torch.from_numpy(layout.slot_mapping()).to(torch.long), d, None, None,
                                     prefill_chunks(layout, device, window))
-        if d:
+        if d and window is not None and int(layout.seq_lens[:d].max()) > window:
+            # the kernel reads a decode's first `lens` keys through its block table: with blocks of one
+            # slot the table is the list of the window's slots (decode_keys puts the attended ones first)
+            slots, attended = decode_keys(layout, window)
+            meta.decode_tables = torch.from_numpy(slots.astype(np.int32))
+            meta.decode_lens = torch.from_numpy(attended.sum(axis=1).astype(np.int32))
+            meta.block_size = 1
+        elif d:
             lens = layout.seq_lens[:d]
             width = -(-int(lens.max()) // layout.block_size)
             meta.decode_tables = torch.from_numpy(block_table_matrix(layout, width, np.int32))
@@ -68,8 +73,6 @@ class CpuPagedAttention(TorchAttention):
         return self._decode(q, k_cache, v_cache, meta)
 
     def _decode(self, q, k_cache, v_cache, meta: CpuAttentionMetadata) -> torch.Tensor:
-        if meta.decode_tables is None:   # windowed decodes (prepare)
-            return super()._decode(q, k_cache, v_cache, meta)
         assert q.dtype == torch.float32 and k_cache.dtype in KV_DTYPES and k_cache.dtype == v_cache.dtype
         assert k_cache.is_contiguous() and v_cache.is_contiguous()
         q = q.contiguous()
