@@ -51,7 +51,7 @@ class ControllerSettings:
     context_window_s: float = 60.0
     max_window_s: float = 120.0
     min_requests: int = 20
-    min_window_requests: int = 30         # a window and the context hold this many requests (at most min_requests) ...
+    min_window_requests: int = 20         # a window and the context hold this many requests (at most min_requests) ...
     longest_window_s: float = 600.0       # ... at low rates, up to this long
     min_tbt_samples: int = 1000
     settle_fraction: float = 0.25
@@ -239,9 +239,11 @@ class Controller:
         return min(MIN_FINISHED, self.settings.window_requests)
 
     def _counted(self, observed: WindowSummary) -> bool:
-        """Whether a context holds `window_requests` arrivals and finished requests: fewer say
-        nothing about drift (sharegpt4's token ratio read from 1-2 requests moved by four octaves)."""
-        return min(observed.num_arrivals, observed.num_finished) >= self.settings.window_requests
+        """Whether a context holds `window_requests` arrivals and half as many finished requests
+        (the token ratio's): fewer say nothing about drift (sharegpt4's token ratio read from 1-2
+        finished requests moved by four octaves)."""
+        n = self.settings.window_requests
+        return observed.num_arrivals >= n and observed.num_finished >= n // 2
 
     def _filled(self, since: WindowSummary) -> bool:
         """Whether the context since a drift tells the new regime: `context_window_s` long, and
@@ -414,13 +416,13 @@ class Controller:
     # -- measuring --
     def context_seconds(self) -> float:
         """How far back the workload context (regime, drift, window sizing) reads: `context_window_s`,
-        doubled until it holds `window_requests` requests, up to `longest_window_s` and never before
+        doubled until it holds `window_requests` arrivals, up to `longest_window_s` and never before
         the controller started. At 0.07 requests/s a fixed 60 s held ~4 arrivals, and the rate read
         from them moved by two octaves between windows and flipped the regime on noise."""
         s = self.settings
         longest = min(s.longest_window_s, max(s.context_window_s, self.target.now() - self.start))
         span = min(s.context_window_s, longest)
-        while span < longest and not self._counted(self.target.window(span)):
+        while span < longest and self.target.window(span).num_arrivals < s.window_requests:
             span = min(2 * span, longest)
         return span
 
