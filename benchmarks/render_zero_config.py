@@ -17,6 +17,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "zero_config.jsonl"
 LIVE = ROOT / "docs" / "results" / "wrong_start_live.json"     # benchmarks/wrong_start_live.py
+FLOOR = ROOT / "docs" / "results" / "zero_config_floor.jsonl"  # benchmarks/zero_config.py --grid-floor
+NEAR_BEST = 0.98          # grid configurations serving at least this share of the best one's goodput
 DOC = ROOT / "docs" / "tuning.md"
 BEGIN, END = "<!-- zero_config:begin -->", "<!-- zero_config:end -->"
 # the issue's bars: tuned >= 0.97x best static after convergence, converged within 5 minutes, <= 2%
@@ -105,8 +107,25 @@ def render_live(live: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_floor(rows: list[dict[str, Any]]) -> str:
+    """The criterion's floor: the static grid's configurations held from the first second, judged
+    against the best one as a tuned run is (benchmarks/zero_config.py --grid-floor)."""
+    head = ["hardware", "workload", f"grid configurations within {1 - NEAR_BEST:.0%} of the best",
+            f"of them >= {AFTER_MIN}x after converging within {CONVERGE_MAX_S:.0f} s", "their convergence times"]
+    lines = ["The criterion's floor: each configuration of the static grid held from the first second and judged "
+             "against the best one as a tuned run is:", "", _row(head), _row(["---"] * len(head))]
+    for r in rows:
+        near = [g for g in r["grid_floor"] if g["over_best_static"] >= NEAR_BEST]
+        passing = [g for g in near if g["convergence_s"] is not None and g["convergence_s"] <= CONVERGE_MAX_S
+                   and g["after_convergence_over_best_static"] >= AFTER_MIN]
+        times = ", ".join("never" if g["convergence_s"] is None else f"{g['convergence_s']:.0f} s" for g in near)
+        lines.append(_row([r["hardware"], r["workload"], str(len(near)), str(len(passing)), times]))
+    return "\n".join(lines)
+
+
 def render_all() -> str:
-    return render(load()) + "\n\n" + render_live(json.loads(LIVE.read_text()))
+    floor = "\n\n" + render_floor(load(FLOOR)) if FLOOR.exists() else ""
+    return render(load()) + floor + "\n\n" + render_live(json.loads(LIVE.read_text()))
 
 
 BLOCK = re.compile(re.escape(BEGIN) + r"\n(.*?)\n?" + re.escape(END), re.S)
