@@ -497,8 +497,6 @@ class Controller:
                 return None
         window = self.target.window(length)
         if window.num_finished < self._least_finished(length):
-            if trial.user_attrs.get("source") == "warm-start":   # too thin to judge: the cost model's pick stays first
-                self.picks.insert(0, self.space.snap(trial.params))
             return self._fail(trial, "discarded", f"{window.num_finished} requests finished in the window")
         return window
 
@@ -522,10 +520,16 @@ class Controller:
         discarded (applied, but its window does not count), `reason` says why."""
         trial.set_user_attr(kind, reason)
         self.study.tell(trial, state=TrialState.FAIL)
+        if kind == "discarded" and trial.user_attrs.get("source") == "warm-start":
+            self.picks.insert(0, self.space.snap(trial.params))   # not judged: the cost model's pick stays first
 
     def _workload_changed(self) -> bool:
-        signals = WorkloadContext.of(self.target.window(self.context_seconds())).signals()
-        return signals is not None and self.drift.would_fire(signals)
+        """Whether the context now would trip the drift detector; never on a context too thin to
+        feed it (diurnal's thin contexts discarded the warm start's best pick this way)."""
+        observed = self.target.window(self.context_seconds())
+        signals = WorkloadContext.of(observed).signals()
+        return (signals is not None and self._counted(observed) and not self._thin_reference
+                and self.drift.would_fire(signals))
 
     def _should_abort(self, partial: WindowSummary) -> bool:
         """Only while a known-feasible incumbent is there to go back to: under overload every
