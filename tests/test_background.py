@@ -87,13 +87,16 @@ def test_child_keeps_within_its_cpu_share():
     assert throttle() is None                    # a no-op in this process
 
 
-@pytest.mark.parametrize("fn, cause", [(fail, "simulation exploded"), (die, "exit code 3"), (hang, "timeout")])
-def test_failing_or_hanging_child_gives_the_fallback_and_an_error(fn, cause, caplog):
+# a child that fails or dies is given time to get there: it imports this module (torch, the engine) at nice 19
+# first, past 3 s on a busy 2-core CI machine ("ran past its 3 s timeout" instead of the cause)
+@pytest.mark.parametrize("fn, cause, timeout_s", [(fail, "simulation exploded", 60), (die, "exit code 3", 60),
+                                                  (hang, "timeout", 3)])
+def test_failing_or_hanging_child_gives_the_fallback_and_an_error(fn, cause, timeout_s, caplog):
     start, causes = time.monotonic(), []
-    runner = BackgroundRunner(timeout_s=3, on_failure=causes.append)
+    runner = BackgroundRunner(timeout_s=timeout_s, on_failure=causes.append)
     with caplog.at_level(logging.WARNING, logger="autotuner.background"):
         assert runner.run(fn, None, fallback=[]) == []
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 60
     assert any(r.levelno == logging.ERROR and cause in r.getMessage() for r in caplog.records)
     assert len(causes) == 1 and cause in causes[0] and runner.last_failure == causes[0]
 
