@@ -9,7 +9,6 @@ incumbent restored; a failure inside a step leaves the engine on the last good k
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import threading
@@ -29,7 +28,8 @@ from autotuner.search_space import CONFIG, SearchSpace
 from autotuner.tuner_state import STORAGE_ERRORS, TunerState, storage_reason
 from engine.slo_class import SloClasses, shipped_slo_classes
 from policies import Knobs, get_policy
-from telemetry.window import SLO, TelemetryWindow, WindowSummary
+from telemetry.window import HORIZON_S as TELEMETRY_HORIZON_S
+from telemetry.window import SLO, WindowSummary
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -40,8 +40,6 @@ SLO_HEADROOM = 0.15       # within this share of a latency SLO, exploration may 
 LONGER_STEPS = ("token_budget", "step_headroom", "error_budget")   # raising these lengthens steps or gaps
 FASTER_PREFILL = ("token_budget", "step_headroom")                 # lowering these slows prefills
 MIN_FINISHED = 5          # finished requests the longest window needs to count at all
-# what the telemetry keeps: no window or context may reach further back
-TELEMETRY_HORIZON_S = inspect.signature(TelemetryWindow).parameters["horizon_s"].default
 
 
 @dataclass(frozen=True)

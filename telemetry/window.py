@@ -95,11 +95,14 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+HORIZON_S = 600.0   # how far back a TelemetryWindow keeps records by default (the tuner's windows stay within it)
+
+
 class TelemetryWindow:
     """Keeps the last `horizon_s` of records; `window(seconds)` summarises the most recent part."""
 
     def __init__(self, slo: SLO | None = None, cost: ModelCost | None = None, peaks: DevicePeaks | None = None,
-                 horizon_s: float = 600.0, clock=time.monotonic) -> None:
+                 horizon_s: float = HORIZON_S, clock=time.monotonic) -> None:
         self.slo = slo or SLO()
         self.cost, self.peaks = cost, peaks
         self.horizon_s = horizon_s
