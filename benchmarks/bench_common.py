@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
+import results_file
 import engine  # noqa: F401  (before torch: it sets torch's OpenMP threads to sleep between ops)
 import torch
 
@@ -155,11 +156,11 @@ def peer_env() -> dict[str, str]:
 
 
 def emit_summary(summary: dict, path: str | None) -> None:
-    """Print the JSON summary, and also write it to `path` when given."""
+    """Print the JSON summary, and also write it to `path` when given, with results_file's `meta`
+    (machine, commit, date, command) so a figure quoted from it can be traced."""
     print(json.dumps(summary, indent=2))
     if path:
-        with open(path, "w") as f:
-            json.dump(summary, f, indent=2)
+        results_file.write(path, summary)
 
 
 def replay_open_loop(engine, specs: list, prompts: list[list[int]]) -> tuple[list, list]:

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import results_file  # noqa: E402
 from bench_common import MachineInfo  # noqa: E402
 from cluster.capacity_profile import profile_replica  # noqa: E402
 from cluster.fleet_run import DayResult, run_day  # noqa: E402
@@ -88,7 +89,7 @@ def main() -> None:
               flush=True)
     results["wall_s"] = time.time() - started
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        results_file.write(args.json, results, indent=1)     # + meta: machine, commit, date, command
     if args.plot:
         plot(results, args.plot)
 

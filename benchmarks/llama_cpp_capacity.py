@@ -67,6 +67,7 @@ import httpx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import results_file  # noqa: E402  (beside this script)
 from telemetry.other_load import OtherLoad  # noqa: E402
 
 TARGET_RATIO = 1.3            # #15: the daemon against llama.cpp's best step size
@@ -400,8 +401,7 @@ def write_report(results: list[ServerResult], machine: Machine, args: argparse.N
            "best_llama_cpp": best.spec.name if best else None,
            "best_static_daemon": static.spec.name if static else None,
            "servers": [{**asdict(r), "ratio_to_best_llama_cpp": ratio(r, best)} for r in results]}
-    with open(os.path.join(args.out_dir, "llama_cpp_capacity.json"), "w") as f:
-        json.dump(doc, f, indent=2)
+    results_file.write(os.path.join(args.out_dir, "llama_cpp_capacity.json"), doc)   # + meta
     table = markdown(results, machine, args)
     with open(os.path.join(args.out_dir, "llama_cpp_capacity.md"), "w") as f:
         f.write(table)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
-import json
 import os
 import shutil
 import signal
@@ -35,6 +34,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench_common import MachineInfo, emit_summary  # noqa: I001 (benchmarks/ first on the path: see bench_common)
+import results_file
 from tuning_shift import start_daemon
 from loadgen.bench_client import BenchOptions, live_probe, resolve_model_name
 from loadgen.capacity import CapacityCriteria, search_capacity
@@ -223,8 +223,7 @@ def main() -> None:
             shutil.copy(os.path.join(workdir, "daemon.log"), os.path.splitext(args.json)[0] + ".daemon.log")
     emit_summary({k: v for k, v in result.items() if k != "rss_samples"}, None)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        results_file.write(args.json, result)     # + meta: machine, commit, date, command
     sys.exit(0 if result["passed"] else 1)
 
 

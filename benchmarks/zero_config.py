@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -44,7 +42,7 @@ from autotuner.search_space import load_search_space
 from autotuner.simulated_tuning import (REPORT_WINDOW_S, best_of, evaluate_static, static_grid, tune_on_simulator,
                                         violating_fraction)
 from autotuner.static_grid import grid_points
-from bench_common import cpu_model
+import results_file
 from engine.outputs import RequestRecord
 from loadgen.workload import RequestSpec, generate, load_workload
 from policies import Knobs
@@ -208,10 +206,9 @@ def grid_floor(hardware: str, workload: str, args: argparse.Namespace) -> dict[s
     return {"hardware": hardware, "workload": workload, "qps": qps, "grid_floor": rows}
 
 
-def provenance() -> dict[str, str]:
-    """Which machine, commit and command produced a result."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    return {"cpu": cpu_model(), "commit": commit.strip(), "command": " ".join(["python", *sys.argv])}
+def provenance() -> dict[str, dict]:
+    """Which machine, commit and command produced a result (each line is appended on its own)."""
+    return {"meta": results_file.meta()}
 
 
 def done_pairs(out: Path) -> set[tuple[str, str]]:
