@@ -60,6 +60,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -392,6 +393,26 @@ def markdown(results: list[ServerResult], machine: Machine, args: argparse.Names
                       f"the daemon's default (deadline-aware steps) is {ratio(default, static):.2f}x it "
                       f"(issue #13's target: >= {DEADLINE_TARGET_RATIO:g}x)."]
     return "\n".join(lines) + "\n"
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/llama_cpp.md's table of one or more runs' llama_cpp_capacity.json (benchmarks/render_docs.py):
+    every server's capacity and probes, and its ratio to the best llama.cpp server over all of them."""
+    runs = [json.loads(s.read_text()) for s in sources]
+    servers = [(os.path.basename(run["gguf"]), s) for run in runs for s in run["servers"]]
+    best = max((s["capacity_qps"] or 0 for _, s in servers if s["spec"]["server"] == "llama.cpp"), default=0)
+    rows = ["| server | GGUF | config | capacity (req/s) | probes: rate, P50 TTFT / P99 TBT (s) | x best llama.cpp |",
+            "|---|---|---|---:|---|---:|"]
+    for gguf, s in servers:
+        ratio_text = fmt(s["capacity_qps"] / best, ".2f") if best and s["capacity_qps"] is not None else "-"
+        rows.append(f"| {s['spec']['server']} | {gguf} | `{s['spec']['config']}` | {fmt(s['capacity_qps'])} | "
+                    f"{'; '.join(map(_probe_text, s['probes']))} | {ratio_text} |")
+    return "\n".join(rows)
+
+
+def _probe_text(p: dict[str, Any]) -> str:
+    return (f"{p['qps']:.4g}: {fmt(p['ttft_p50_s'], '.2f')} / {fmt(p['tbt_p99_s'], '.3f')}"
+            + ("" if p["passed"] else " (fail)"))
 
 
 def write_report(results: list[ServerResult], machine: Machine, args: argparse.Namespace, gguf: str) -> None:

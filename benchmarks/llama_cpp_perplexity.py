@@ -14,12 +14,14 @@ activations). Ratio: ours / llama.cpp (#31: within 1%).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import pathlib
 import re
 import subprocess
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -80,6 +82,27 @@ def add_bos(model: str) -> bool:
     import gguf
     field = gguf.GGUFReader(model).fields.get("tokenizer.ggml.add_bos_token")
     return bool(field.parts[field.data[0]][0]) if field is not None else False
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/llama_cpp.md's perplexity table of results files (benchmarks/render_docs.py)."""
+    rows = ["| GGUF | chunks | PPL ours | PPL llama.cpp | ours / llama.cpp |", "|---|---:|---:|---:|---:|"]
+    rows += [f"| {r['model']} | {r['ours_chunks']} | {r['ours_ppl']:.2f} | {r['llama_ppl']:.2f} | {r['ratio']:.3f} |"
+             for r in _results(sources)]
+    return "\n".join(rows)
+
+
+def render_by_text(sources: list[Path]) -> str:
+    """The same with the text (--text as recorded; "default": TEXT) and --ctx of each run."""
+    rows = ["| GGUF | text | ctx | chunks | PPL ours | PPL llama.cpp | ours / llama.cpp |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    rows += [f"| {r['model']} | {r['text']} | {r['ctx']} | {r['ours_chunks']} | {r['ours_ppl']:.2f} | "
+             f"{r['llama_ppl']:.2f} | {r['ratio']:.3f} |" for r in _results(sources)]
+    return "\n".join(rows)
+
+
+def _results(sources: list[Path]) -> list[dict]:
+    return [r for s in sources for r in json.loads(s.read_text())["results"]]
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import psutil
 
@@ -155,6 +156,28 @@ def markdown_table(results: list[ModelResult]) -> str:
                     f"**{r.prefill_ratio:.2f}** | {r.ours.decode_tok_s:.1f} / {r.llama.decode_tok_s:.1f} | "
                     f"**{r.decode_ratio:.2f}** | {r.rss_mb:.0f} ({r.rss_bound_mb:.0f}) |")
     return "\n".join(rows)
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/llama_cpp.md's side-by-side table of results files (benchmarks/render_docs.py)."""
+    return markdown_table([r for s in sources for r in load_results(str(s))])
+
+
+def render_summary(sources: list[Path]) -> str:
+    """README's one line a machine: the range of the ratios over a results file's GGUF files."""
+    rows = ["| machine (llama.cpp b11434, full build) | GGUF files | prefill 512: ours / llama.cpp | "
+            "batch-1 decode: ours / llama.cpp |", "|---|---:|---|---|"]
+    for source in sources:
+        machine, results = json.loads(source.read_text())["machine"], load_results(str(source))
+        rows.append(f"| {machine['cpu_model']}, {machine['nproc']} cores ({source.name}) | {len(results)} | "
+                    f"{_ratio_range([r.prefill_ratio for r in results])} | "
+                    f"{_ratio_range([r.decode_ratio for r in results])} |")
+    return "\n".join(rows)
+
+
+def _ratio_range(ratios: list[float]) -> str:
+    at_parity = sum(round(x, 2) >= 1.0 for x in ratios)
+    return f"{min(ratios):.2f}x-{max(ratios):.2f}x, >= 1.00x on {at_parity} of {len(ratios)}"
 
 
 def main() -> None:

@@ -1,33 +1,31 @@
-"""Render the zero-config matrix (benchmarks/zero_config.py's JSON lines) and the live wrong starts
-(benchmarks/wrong_start_live.py's JSON) as the markdown tables in docs/tuning.md, between its `<!-- zero_config:begin -->` and `<!-- zero_config:end -->` markers.
-tests/test_docs.py fails when the doc's tables and the results file disagree.
+"""Render the zero-config matrix (benchmarks/zero_config.py's JSON lines), its grid floor and the live
+wrong starts (benchmarks/wrong_start_live.py's JSON) as the markdown tables of docs/tuning.md's rendered
+block, and the matrix's one-line summary in README.md's. benchmarks/render_docs.py writes them into the
+docs; tests/test_docs.py fails when a doc's tables and the results files disagree.
 
-    python benchmarks/render_zero_config.py              # rewrite the block in docs/tuning.md
-    python benchmarks/render_zero_config.py --print      # print the tables only
+    python benchmarks/render_zero_config.py              # print the tables
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 from pathlib import Path
 from typing import Any
+
+import results_file
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "zero_config.jsonl"
 LIVE = ROOT / "docs" / "results" / "wrong_start_live.json"     # benchmarks/wrong_start_live.py
 FLOOR = ROOT / "docs" / "results" / "zero_config_floor.jsonl"  # benchmarks/zero_config.py --grid-floor
 NEAR_BEST = 0.98          # grid configurations serving at least this share of the best one's goodput
-DOC = ROOT / "docs" / "tuning.md"
-BEGIN, END = "<!-- zero_config:begin -->", "<!-- zero_config:end -->"
 # the issue's bars: tuned >= 0.97x best static after convergence, converged within 5 minutes, <= 2%
 # of 30-s windows violating after it; a wrong start "loses" when left alone it serves 1.5x less
 AFTER_MIN, CONVERGE_MAX_S, VIOLATING_MAX, LOSS_MIN = 0.97, 300.0, 0.02, 1.5
 
 
 def load(path: Path = RESULTS) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return results_file.read_lines(path)
 
 
 def meets(cell: dict[str, Any], strict: bool = True) -> bool:
@@ -123,33 +121,21 @@ def render_floor(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def render_all() -> str:
-    floor = "\n\n" + render_floor(load(FLOOR)) if FLOOR.exists() else ""
-    return render(load()) + floor + "\n\n" + render_live(json.loads(LIVE.read_text()))
+def render_doc(sources: list[Path]) -> str:
+    """docs/tuning.md's block: the matrix, its grid floor and the live wrong starts, from those
+    three results files (benchmarks/render_docs.py)."""
+    matrix, floor, live = sources
+    return render(load(matrix)) + "\n\n" + render_floor(load(floor)) + "\n\n" + render_live(results_file.read(live))
 
 
-BLOCK = re.compile(re.escape(BEGIN) + r"\n(.*?)\n?" + re.escape(END), re.S)
-
-
-def block(text: str) -> str:
-    """The rendered block of a doc (between the markers)."""
-    match = BLOCK.search(text)
-    if match is None:
-        raise ValueError(f"{DOC}: no {BEGIN} ... {END} block")
-    return match.group(1)
+def render_summary(sources: list[Path]) -> str:
+    """README's line: how many cells meet the bars (benchmarks/render_docs.py)."""
+    return summary(load(sources[0]))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--print", action="store_true", help="print the tables instead of rewriting docs/tuning.md")
-    args = p.parse_args()
-    tables = render_all()
-    if args.print:
-        print(tables)
-        return
-    text = DOC.read_text()
-    block(text)                                   # the markers are there
-    DOC.write_text(BLOCK.sub(lambda _: f"{BEGIN}\n{tables}\n{END}", text, count=1))
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    print(render_doc([RESULTS, FLOOR, LIVE]))
 
 
 if __name__ == "__main__":

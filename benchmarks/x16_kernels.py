@@ -15,6 +15,9 @@ to the memory's rate, and where it falls short the kernel's instructions are the
 from __future__ import annotations
 
 import argparse
+import json
+import math
+from pathlib import Path
 
 import bench_common  # noqa: F401  (imports engine before torch: OMP_WAIT_POLICY)
 import numpy as np
@@ -53,6 +56,41 @@ def random_weights(qtype: GGMLQuantizationType, rows: int, cols: int) -> np.ndar
 def read_bandwidth_gb_s() -> float:
     big = torch.ones(100_000_000)
     return big.numel() * 4 / best_time(big.sum, 3, float("inf")) / 1e9
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/llama_cpp.md's table of the DRAM-sized matrices of a results file, and torch's read rate
+    in the same run (benchmarks/render_docs.py)."""
+    data = json.loads(sources[0].read_text())
+    big = _dram_sized(data)
+    batches = list(big[0]["seconds"])
+    rows = ["| type | matrix | MB | " + " | ".join(f"{n} row{'s' * (n != '1')}, ms" for n in batches) + " | 1 row, GB/s |",
+            "|---|---|---:|" + "---:|" * len(batches) + "---:|"]
+    for r in big:
+        times = " | ".join(_three_digits(r["seconds"][n] * 1e3) for n in batches)
+        rows.append(f"| {r['type']} | {r['rows']} x {r['cols']} | {r['mb']:.0f} | {times} | {r['one_row_gb_s']:.1f} |")
+    return "\n".join(rows) + f"\n\ntorch's sum over 400 MB in the same run: {data['read_gb_s']:.1f} GB/s."
+
+
+def render_ab(sources: list[Path]) -> str:
+    """One row a type at one row of the DRAM-sized matrix: the first results file (without) against
+    the second (with)."""
+    without, with_ = (json.loads(s.read_text()) for s in sources)
+    rows = ["| type | matrix | MB | 1 row, ms: without / with | GB/s: without / with |", "|---|---|---:|---|---|"]
+    for a, b in zip(*(_dram_sized(d) for d in (without, with_))):
+        rows.append(f"| {a['type']} | {a['rows']} x {a['cols']} | {a['mb']:.0f} | {a['seconds']['1'] * 1e3:.2f} / "
+                    f"{b['seconds']['1'] * 1e3:.2f} | {a['one_row_gb_s']:.1f} / **{b['one_row_gb_s']:.1f}** |")
+    return "\n".join(rows) + (f"\n\ntorch's sum over 400 MB in the same runs: {without['read_gb_s']:.1f} and "
+                              f"{with_['read_gb_s']:.1f} GB/s.")
+
+
+def _three_digits(x: float) -> str:
+    """5.93, 14.0, 713: three significant digits, trailing zeros kept."""
+    return f"{x:.{max(0, 2 - math.floor(math.log10(x)))}f}"
+
+
+def _dram_sized(data: dict) -> list[dict]:
+    return [r for r in data["results"] if r["rows"] == max(x["rows"] for x in data["results"])]
 
 
 def main() -> None:

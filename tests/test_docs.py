@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
+import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -43,34 +43,49 @@ def test_tuning_doc_quotes_the_settings_in_configs_tuning_yaml():
     assert f"latest {RECENT_WINDOWS} windows" in text and f"within {SLO_HEADROOM:.0%}" in text
 
 
-def test_the_zero_config_tables_are_rendered_from_their_results_file():
-    """docs/tuning.md's zero-config tables are benchmarks/render_zero_config.py's rendering of
-    docs/results/zero_config.jsonl and wrong_start_live.json: a number edited by hand, or a results
-    file re-run without re-rendering, fails here."""
-    render = load_module(ROOT / "benchmarks" / "render_zero_config.py")
-    rows = render.load()
+sys.path.insert(0, str(ROOT / "benchmarks"))     # render_docs and the scripts it loads import by name
+import render_docs  # noqa: E402
+import results_file  # noqa: E402
+
+BLOCKS = render_docs.all_blocks()
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=str)
+def test_a_rendered_block_is_the_rendering_of_its_results_files(block: render_docs.Block):
+    """Every `<!-- rendered: ... -->` block of docs/*.md and README.md is what its renderer makes of its
+    results files: a number edited by hand, or a results file re-measured without
+    `benchmarks/render_docs.py`, fails here."""
+    assert block.body == render_docs.render(block), f"stale: run .venv/bin/python benchmarks/render_docs.py ({block})"
+
+
+def test_the_docs_render_their_tables_from_results_files():
+    """The tables that were checked one by one before stay rendered blocks: docs/tuning.md's zero-config
+    matrix, docs/llama_cpp.md's side-by-side (one per machine) and README's Performance section."""
+    rendered = {(b.doc.name, s) for b in BLOCKS for s in b.sources}
+    expected = {("tuning.md", "docs/results/zero_config.jsonl"), ("tuning.md", "docs/results/wrong_start_live.json"),
+                ("README.md", "docs/results/zero_config.jsonl"),
+                *(("llama_cpp.md", f"docs/results/llama_cpp_single_stream{s}.json")
+                  for s in ("", "_xeon", "_gemma3_xeon"))}
+    assert expected <= rendered, expected - rendered
+    rows = results_file.read_lines(ROOT / "docs" / "results" / "zero_config.jsonl")
     assert rows and all(r["cells"] for r in rows)
-    assert render.block((DOCS / "tuning.md").read_text()) == render.render_all()
 
 
-@pytest.mark.parametrize("results", ["llama_cpp_single_stream.json", "llama_cpp_single_stream_xeon.json",
-                                     "llama_cpp_single_stream_gemma3_xeon.json"])
-def test_the_llama_cpp_table_is_rendered_from_its_results_file(results: str):
-    """docs/llama_cpp.md's side-by-side tables (one per machine) are benchmarks/llama_cpp_single_stream.py's
-    rendering of their results files."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))     # the script imports bench_common by name
-    try:
-        bench = load_module(ROOT / "benchmarks" / "llama_cpp_single_stream.py")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    table = bench.markdown_table(bench.load_results(str(DOCS / "results" / results)))
-    assert table.count("\n") >= 2 and table in (DOCS / "llama_cpp.md").read_text()
+@pytest.mark.parametrize("source", sorted({s for b in BLOCKS for s in b.sources}))
+def test_a_rendered_results_file_says_where_it_came_from(source: str):
+    """Each results file a doc renders carries results_file's meta (a field nobody recorded says so)."""
+    path = ROOT / source
+    rows = results_file.read_lines(path) if path.suffix == ".jsonl" else [results_file.read(path)]
+    for meta in (r["meta"] for r in rows):
+        assert {"machine", "commit", "date_utc", "command"} <= set(meta), source
+        assert {"cpu_model", "isa", "cores"} <= set(meta["machine"]), source
 
 
-def load_module(path: Path):
-    """A benchmark script as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module       # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def test_the_readme_layout_names_every_top_level_folder():
+    """README's Layout section has a line for each top-level folder git tracks."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    folders = {line.split("/")[0] for line in tracked.splitlines() if "/" in line}
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^([\w.-]+)/", layout, re.M))
+    assert folders <= named, sorted(folders - named)
