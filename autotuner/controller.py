@@ -26,10 +26,10 @@ from autotuner.objective import Score, badly_violated, score_window, slo_excess
 from autotuner.regime import DriftDetector, Regime, WorkloadContext
 from autotuner.search_space import CONFIG, SearchSpace
 from autotuner.tuner_state import STORAGE_ERRORS, TunerState, storage_reason
-from engine.slo_class import SloClasses, shipped_slo_classes
+from engine.slo_class import SloClass, SloClasses, shipped_slo_classes
 from policies import Knobs, get_policy
 from telemetry.window import HORIZON_S as TELEMETRY_HORIZON_S
-from telemetry.window import SLO, WindowSummary
+from telemetry.window import WindowSummary
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -105,7 +105,7 @@ WarmStart = Callable[[Regime, WindowSummary], list[dict[str, Any]]]
 
 
 class Controller:
-    def __init__(self, target: TuningTarget, space: SearchSpace, state: TunerState, slo: SLO,
+    def __init__(self, target: TuningTarget, space: SearchSpace, state: TunerState, slo: SloClass,
                  settings: ControllerSettings, warm_start: WarmStart | None = None,
                  slo_classes: SloClasses | None = None, failures: TunerFailures | None = None) -> None:
         """`failures`: where failures are counted (the tuner service's, which also counts the storage's

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from telemetry.window import SLO, WindowSummary
+from engine.slo_class import SloClass
+from telemetry.window import WindowSummary
 
 HEADROOM_WEIGHT = 0.01
 
@@ -28,7 +29,7 @@ class Score:
 
 
 def score(goodput_rps: float, offered_rps: float, ttft_p50_s: float | None, tbt_p99_s: float | None,
-          slo: SLO) -> Score:
+          slo: SloClass) -> Score:
     """A window with no first token or no gap yet counts as missing that SLO by its whole bound."""
     ttft = ttft_p50_s if ttft_p50_s is not None else 2 * slo.ttft_s
     tbt = tbt_p99_s if tbt_p99_s is not None else 2 * slo.tbt_s
@@ -40,7 +41,7 @@ def score(goodput_rps: float, offered_rps: float, ttft_p50_s: float | None, tbt_
     return Score(share + HEADROOM_WEIGHT * headroom, {"ttft_p50": ttft - slo.ttft_s, "tbt_p99": tbt - slo.tbt_s})
 
 
-def score_window(window: WindowSummary, slo: SLO, weights: dict[str, float], default_class: str) -> Score:
+def score_window(window: WindowSummary, slo: SloClass, weights: dict[str, float], default_class: str) -> Score:
     """`score` of a telemetry window. With several SLO classes in it, the share is each class's
     attainment weighted by `weights` (per request) times the share of arrivals that finished, and the
     constraints are the default class's own latencies (its SLO is `slo`); pooled percentiles would
@@ -61,7 +62,7 @@ def slo_excess(constraints: dict[str, float]) -> float:
     return sum(max(0.0, v) for v in constraints.values())
 
 
-def badly_violated(result: Score, slo: SLO, factor: float) -> bool:
+def badly_violated(result: Score, slo: SloClass, factor: float) -> bool:
     """For aborting a trial early: a partial window already `factor` times over an SLO (a missing
     latency, scored at twice its bound, is not evidence enough)."""
     return (result.constraints["ttft_p50"] > (factor - 1) * slo.ttft_s

@@ -24,7 +24,8 @@ from simulation.cost_model import CostModel
 from engine.outputs import RequestRecord
 from policies import Knobs
 from telemetry.latency_summary import summarize_requests
-from telemetry.window import SLO, TelemetryWindow
+from engine.slo_class import SloClass
+from telemetry.window import TelemetryWindow, meets_slo
 
 # vLLM V1's scheduler: chunked prefill with running decodes first (= sarathi), FCFS, a step budget
 # of max_num_batched_tokens (2048 by default on most GPUs, 8192 on large ones), 256 sequences.
@@ -43,16 +44,16 @@ class RunResult:
     good_by_phase: dict[str, int]      # requests that met the SLO, per workload phase
 
 
-def evaluate_static(specs: list[RequestSpec], cost: CostModel, policy: str, knobs: Knobs, slo: SLO) -> RunResult:
+def evaluate_static(specs: list[RequestSpec], cost: CostModel, policy: str, knobs: Knobs, slo: SloClass) -> RunResult:
     run = simulate(specs, cost, policy, knobs, slo)
     return RunResult(run.summary.goodput_rps, run.summary.slo_attainment, violating_fraction(run.records, slo),
                      run.summary.duration_s, good_by_phase(specs, run.records, slo))
 
 
-def good_by_phase(specs: list[RequestSpec], records: list[RequestRecord], slo: SLO) -> dict[str, int]:
+def good_by_phase(specs: list[RequestSpec], records: list[RequestRecord], slo: SloClass) -> dict[str, int]:
     """Requests that met the SLO, per workload phase (the simulator's ids: sim-<index in arrival order>)."""
     phases = [s.phase for s in sorted(specs, key=lambda s: s.arrival_s)]
-    return dict(Counter(phases[int(r.request_id.removeprefix("sim-"))] for r in records if slo.met_by(r)))
+    return dict(Counter(phases[int(r.request_id.removeprefix("sim-"))] for r in records if meets_slo(r, slo)))
 
 
 def per_phase_best_knobs(grid: list[tuple[dict[str, Any], RunResult]]) -> dict[str, dict[str, Any]]:
@@ -62,7 +63,7 @@ def per_phase_best_knobs(grid: list[tuple[dict[str, Any], RunResult]]) -> dict[s
 
 
 def static_grid(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str,
-                slo: SLO) -> list[tuple[dict[str, Any], RunResult]]:
+                slo: SloClass) -> list[tuple[dict[str, Any], RunResult]]:
     """Every configuration of the policy's offline grid, each run over the whole workload."""
     grid = []
     for point in grid_points(policy):
@@ -72,7 +73,7 @@ def static_grid(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, p
 
 
 def best_static(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str,
-                slo: SLO) -> tuple[dict[str, Any], RunResult]:
+                slo: SloClass) -> tuple[dict[str, Any], RunResult]:
     """Offline grid search on the whole workload: the best single configuration in hindsight."""
     return best_of(static_grid(specs, cost, space, policy, slo))
 
@@ -89,14 +90,14 @@ def per_phase_best_goodput(grid: list[RunResult], duration_s: float) -> float:
     return sum(max(r.good_by_phase.get(phase, 0) for r in grid) for phase in phases) / duration_s
 
 
-def violating_fraction(records: list[RequestRecord], slo: SLO, window_s: float = REPORT_WINDOW_S,
+def violating_fraction(records: list[RequestRecord], slo: SloClass, window_s: float = REPORT_WINDOW_S,
                        start_s: float = 0.0) -> float:
     """Share of fixed windows (by finish time, from `start_s`) whose P50 TTFT or P99 TBT missed the SLO."""
     verdicts = window_verdicts(records, slo, window_s, start_s)
     return verdicts.count(False) / len(verdicts) if verdicts else 0.0
 
 
-def window_verdicts(records: list[RequestRecord], slo: SLO, window_s: float = REPORT_WINDOW_S,
+def window_verdicts(records: list[RequestRecord], slo: SloClass, window_s: float = REPORT_WINDOW_S,
                     start_s: float = 0.0) -> list[bool]:
     """Per fixed window by finish time from `start_s` to the last finish: whether its P50 TTFT and
     P99 TBT met the SLO (a window where nothing finished met it)."""
@@ -113,7 +114,7 @@ def window_verdicts(records: list[RequestRecord], slo: SLO, window_s: float = RE
     return verdicts
 
 
-def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
+def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SloClass,
                       settings: ControllerSettings, space: SearchSpace | None = None, seed: int = 0,
                       initial: Knobs | None = None, initial_policy: str | None = None
                       ) -> tuple[Controller, list[RequestRecord], float]:
@@ -139,7 +140,7 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
     return controller, records, sim.now
 
 
-def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SLO,
+def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SloClass,
             settings: ControllerSettings, seed: int = 0, ablation: bool = True) -> dict[str, Any]:
     """The JSON summary of `tune --simulate`. `ablation`: also the plain-budget grid (the tuned
     policy's inner loop off), 21 more runs of the whole workload."""

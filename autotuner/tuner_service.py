@@ -22,7 +22,8 @@ from autotuner.warm_start import SimulatorWarmStart, background_runner, search, 
 from simulation.live_cost_model import LiveCostModel
 from engine.llm_engine import LLMEngine
 from telemetry.prometheus import P
-from telemetry.window import SLO, TelemetryWindow
+from engine.slo_class import SloClass
+from telemetry.window import TelemetryWindow
 
 log = logging.getLogger(__name__)
 SAMPLE_TIMEOUT_S = 60.0     # one TPE sample in the background (~1 s: a Python start and the sample)
@@ -62,7 +63,7 @@ class TunerMetrics:
 
 
 class TunerService:
-    def __init__(self, state_dir: str, slo: SLO, registry: CollectorRegistry, max_token_budget: int,
+    def __init__(self, state_dir: str, slo: SloClass, registry: CollectorRegistry, max_token_budget: int,
                  settings: ControllerSettings | None = None, storage: str | None = None,
                  owner: str | None = None) -> None:
         """`storage`, `owner`: a shared Optuna storage and this daemon's name there (autotuner/tuner_state.py)."""

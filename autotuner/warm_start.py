@@ -23,7 +23,8 @@ from loadgen.workload import RequestSpec
 from simulation.cost_model import CostModel
 from engine.outputs import RequestRecord
 from policies import Knobs
-from telemetry.window import SLO, WindowSummary
+from engine.slo_class import SloClass
+from telemetry.window import WindowSummary
 
 log = logging.getLogger(__name__)
 # The simulated horizon: long enough that a configuration short of the observed rate's capacity
@@ -47,7 +48,7 @@ def horizon_requests(rate_rps: float) -> int:
 optuna.logging.set_verbosity(optuna.logging.WARNING)   # in a background process too: no line per trial
 
 
-def slo_token_budget(cost: CostModel, slo: SLO, space: SearchSpace, headroom: float) -> int | None:
+def slo_token_budget(cost: CostModel, slo: SloClass, space: SearchSpace, headroom: float) -> int | None:
     """Sarathi-Serve's rule, from the cost model before any traffic is seen: the largest budget (a
     tile multiple in the search space) whose step, a chunk of that many prompt tokens, is predicted
     within the TBT SLO less `headroom`; the space's lowest budget if none is. None if the budget is
@@ -86,7 +87,7 @@ class WarmStartJob:
 
     cost: CostModel
     space: SearchSpace
-    slo: SLO
+    slo: SloClass
     policy: str
     knobs: dict[str, Any]              # the engine's knobs, which the tuned ones replace
     lengths: list[tuple[int, int, int]]  # (prompt, output, cached prompt) tokens of recently finished requests
@@ -162,9 +163,9 @@ class SimulatorWarmStart:
     caller's thread, then runs `search` through `runner`: in this process by default (the simulated
     controller, tests), in a background process in the daemon (`background_runner`)."""
 
-    def __init__(self, cost: Callable[[], CostModel], space: SearchSpace, slo: SLO, policy: str, base_knobs: Callable[[], Knobs],
-                 samples: Callable[[float], list[RequestRecord]], trials: int, keep: int, seed: int = 0,
-                 runner: Runner = search) -> None:
+    def __init__(self, cost: Callable[[], CostModel], space: SearchSpace, slo: SloClass, policy: str,
+                 base_knobs: Callable[[], Knobs], samples: Callable[[float], list[RequestRecord]], trials: int,
+                 keep: int, seed: int = 0, runner: Runner = search) -> None:
         self.cost, self.space, self.slo, self.policy = cost, space, slo, policy
         self.base_knobs, self.samples = base_knobs, samples
         self.trials, self.keep, self.seed, self.runner = trials, keep, seed, runner

@@ -36,7 +36,7 @@ from bench_common import MachineInfo, emit_summary  # noqa: E402
 from loadgen.bench_client import BenchOptions, make_prompts, run_bench  # noqa: E402
 from loadgen.prompts import PromptSource, load_prompt_tokenizer  # noqa: E402
 from loadgen.workload import generate, load_workload  # noqa: E402
-from telemetry.window import SLO  # noqa: E402
+from engine.slo_class import SloClass  # noqa: E402
 
 APP = "routing-bench"
 
@@ -115,7 +115,7 @@ def one_run(workload_name: str, policy: str, args: argparse.Namespace, url: str,
         try:
             load_before = os.getloadavg()[0]
             options = BenchOptions(url, None, False, "completions", None, 1800.0, False)
-            run = run_bench(specs, prompts, options, SLO())
+            run = run_bench(specs, prompts, options, SloClass())
             counts = cache_counts(url)
             overhead = httpx.get(url + "/cluster/replicas", timeout=5).json()["overhead_s"]
         finally:

@@ -22,7 +22,7 @@ from autotuner.simulated_tuning import violating_fraction
 from loadgen.bench_client import BenchOptions, BenchRun, make_prompts, run_bench
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from loadgen.workload import generate, load_workload
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 
 def parse_args() -> argparse.Namespace:
@@ -41,7 +41,7 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def settings_for(name: str, slo: SLO, port: int, state_dir: str) -> dict:
+def settings_for(name: str, slo: SloClass, port: int, state_dir: str) -> dict:
     """`deadline` or `sarathi-N`, then optional knobs after a colon: `deadline:step_headroom=0.8`."""
     common = {"port": port, "state_dir": state_dir, "tune": False, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s}}
     name, _, overrides = name.partition(":")
@@ -52,7 +52,7 @@ def settings_for(name: str, slo: SLO, port: int, state_dir: str) -> dict:
     return common | {"policy": policy, "knobs": {"token_budget": int(budget)} | extra}
 
 
-def windows_meeting_slo(run: BenchRun, slo: SLO) -> dict[str, float]:
+def windows_meeting_slo(run: BenchRun, slo: SloClass) -> dict[str, float]:
     """Per SLO class, the share of 30 s windows (by finish time) whose P50 TTFT and P99 TBT met the
     class's targets (the run's SLO for the default class), as `tune --simulate` counts violating
     windows (pooled over the requests that produced tokens)."""
@@ -62,12 +62,12 @@ def windows_meeting_slo(run: BenchRun, slo: SLO) -> dict[str, float]:
     by_class: dict[str, list] = {}
     for record in records:
         by_class.setdefault(record.slo_class, []).append(record)
-    return {name: 1.0 - violating_fraction(group, SLO(group[0].slo_ttft_s or slo.ttft_s,
-                                                       group[0].slo_tbt_s or slo.tbt_s))
+    return {name: 1.0 - violating_fraction(group, SloClass(ttft_s=group[0].slo_ttft_s or slo.ttft_s,
+                                                            tbt_s=group[0].slo_tbt_s or slo.tbt_s))
             for name, group in by_class.items()}
 
 
-def run_one(name: str, specs, prompts, slo: SLO, args: argparse.Namespace) -> dict:
+def run_one(name: str, specs, prompts, slo: SloClass, args: argparse.Namespace) -> dict:
     workdir = tempfile.mkdtemp(prefix=f"deadline_daemon_{name}_")
     proc = start_daemon(settings_for(name, slo, args.port, os.path.join(workdir, "state")), workdir)
     try:
@@ -89,7 +89,7 @@ def run_one(name: str, specs, prompts, slo: SLO, args: argparse.Namespace) -> di
 
 def main() -> None:
     args = parse_args()
-    slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
+    slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     specs = generate(load_workload(args.workload), args.qps, num_requests=args.num_requests, seed=args.seed)
     prompts = make_prompts(specs, PromptSource(load_prompt_tokenizer(None), args.seed), text=False)
     results = {name: run_one(name, specs, prompts, slo, args) for name in args.configs}

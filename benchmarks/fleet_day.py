@@ -197,5 +197,84 @@ def plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+
+# the issue's targets for the planner's goodput per replica-hour (docs/cluster.md, "Sizing the fleet")
+TARGET_VS_STATIC, TARGET_VS_RAY = 1.5, 1.2
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/cluster.md's fleet-day table of one or more results files (benchmarks/render_docs.py): each
+    regime's day, then the planner, the smallest static fleet that kept the SLO target and every Ray
+    target, then what the planner's tuning found."""
+    runs = [json.loads(Path(s).read_text()) for s in sources]
+    lines = []
+    for run in runs:
+        for name, r in run["regimes"].items():
+            lines.append(_day_text(name, r, run))
+    lines += ["", "| regime | fleet | within SLO | replica-hours (mean replicas) | goodput per replica-hour | "
+              "planner over it |", "|---|---|---|---|---:|---|"]
+    for run in runs:
+        for name, r in run["regimes"].items():
+            lines += _fleet_rows(name, r)
+    lines.append("")
+    for run in runs:
+        for name, r in run["regimes"].items():
+            lines.append(_tuning_text(name, r, run))
+    return "\n".join(lines)
+
+
+def _day_text(name: str, r: dict, run: dict) -> str:
+    s, cap = run["settings"], r["capacity"]["rate_rps"]
+    peak = max(v for _, v in r["timeline"]["rate_curve"]) / cap
+    bursts = "; ".join(f"{b['factor']:.1f}x for {b['length_s']:.0f} s at t={b['start_s']:.0f} s" for b in r["bursts"])
+    return (f"- **{name}**: one replica's profiled capacity at {s['slo_target']:.0%} within SLO "
+            f"{cap:.3g} requests/s; a {s['day_s']:.0f}-s day of {r['requests']:,} requests, sinusoid peak at "
+            f"{s['peak_replicas']:g} replicas' capacity (highest rate, sampled every 5 s: {peak:.2f}), burst "
+            f"{bursts or 'none'}; "
+            f"replicas load for {s['startup_s']:.0f} s; {run['wall_s']:,.0f} s of wall time.")
+
+
+def _fleet_rows(name: str, r: dict) -> list[str]:
+    ratios, most = r["ratios"], lambda key: max(p["serving"] + p["starting"] for p in r["timeline"][key])
+    rows = [_fleet_row(name, f"SLO planner (tuned; at most {most('planner')} at once)", r["planner"], "")]
+    n = ratios.get("static_replicas")
+    if n is not None:
+        rows.append(_fleet_row(name, f"static for the peak: {n}", r["static"][str(n)],
+                               _vs(ratios["vs_static"], TARGET_VS_STATIC)))
+    best_target = r["ray_default_best_target"]
+    for target, run in r["ray_default"].items():
+        label = f"Ray default, target {float(target):g}"
+        if best_target is not None and float(target) == float(best_target):
+            label += f" (best; at most {most('ray_default')} at once)"
+            ratio = _vs(ratios["vs_ray_default"], TARGET_VS_RAY) if "vs_ray_default" in ratios else ""
+        else:
+            ratio = f"{r['planner']['goodput_per_replica_hour'] / run['goodput_per_replica_hour']:.2f}x"
+        rows.append(_fleet_row(name, label, run, ratio))
+    return rows
+
+
+def _fleet_row(name: str, fleet: str, s: dict, ratio: str) -> str:
+    classes = s.get("by_class", {})
+    within = f"{s['attainment']:.1%}"
+    if len(classes) > 1:
+        within += " (" + ", ".join(f"{c} {v['attainment']:.1%}" for c, v in classes.items()) + ")"
+    return (f"| {name} | {fleet} | {within} | {s['replica_hours']:.3f} ({s['mean_replicas']:.2f}) | "
+            f"{s['goodput_per_replica_hour']:,.0f} | {ratio} |")
+
+
+def _vs(ratio: float, target: float) -> str:
+    return f"**{ratio:.2f}x** (target {target:g}x)"
+
+
+def _tuning_text(name: str, r: dict, run: dict) -> str:
+    trials, c = r["tuning_trials"], r["planner_config"]
+    day = "the measured day" if trials and trials[0]["requests"] == r["requests"] else \
+        f"another day ({trials[0]['requests']:,} requests)" if trials else "no day"
+    best_kept = max((t["attainment"] for t in trials), default=float("nan"))
+    return (f"- {name}: {len(trials)} Optuna trials on {day}: the defaults (first trial) kept "
+            f"{trials[0]['attainment']:.1%}, the best trial {best_kept:.1%}; chosen: {c['forecaster']}, interval "
+            f"{c['interval_s']:.0f} s, headroom {c['headroom']:.2f}, scale-down delay {c['scale_down_delay_s']:.0f} s.")
+
+
 if __name__ == "__main__":
     main()

@@ -24,7 +24,7 @@ from loadgen.workload import generate, load_workload
 from policies import Knobs
 from simulation.cost_model_files import resolve_cost_model
 from simulation.workload_run import simulate
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 # the tuner's knobs (configs/tuning.yaml), each at the ends of its range or near them
 GRID = {"token_budget": (256, 2048), "step_headroom": (0.6, 0.9, 1.2), "error_budget": (0.0, 1.0),
@@ -48,7 +48,7 @@ def grid_points() -> list[dict[str, Any]]:
     return [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
 
 
-def phase_goodputs(workload: str, cost, slo: SLO, args: argparse.Namespace) -> dict[str, Any]:
+def phase_goodputs(workload: str, cost, slo: SloClass, args: argparse.Namespace) -> dict[str, Any]:
     """The workload's capacity with default knobs, and each grid point's goodput at load x it."""
     spec = load_workload(workload)
 
@@ -77,7 +77,7 @@ def pair_ceiling(a: list[float], b: list[float]) -> tuple[float, int]:
 def main() -> None:
     args = parse_args()
     cost = resolve_cost_model(None, args.profile, None)
-    slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
+    slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     points = grid_points()
     start = time.perf_counter()
     phases = {w: phase_goodputs(w, cost, slo, args) for w in args.workloads}

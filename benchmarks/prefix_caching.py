@@ -39,7 +39,7 @@ from collections import defaultdict
 from bench_common import MachineInfo, OtherLoad, emit_summary, replay_open_loop
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.outputs import RequestRecord, StepRecord
-from engine.slo_class import shipped_slo_classes
+from engine.slo_class import SloClass, shipped_slo_classes
 from loadgen.capacity import CapacityCriteria, search_capacity
 from loadgen.prompts import PromptSource
 from loadgen.workload import RequestSpec, generate, load_workload
@@ -50,7 +50,6 @@ from simulation.live_cost_model import LiveCostModel
 from simulation.simulator import Simulator
 from simulation.startup_cost_model import choose_cost_model
 from telemetry.latency_summary import summarize_requests
-from telemetry.window import SLO
 
 POLICY, KNOBS = "deadline", Knobs(token_budget=2048)   # the daemon's defaults (serving/settings.py)
 
@@ -102,7 +101,7 @@ def decode_step_times(steps: list[StepRecord]) -> dict[int, list[float]]:
 
 def live_row(records: list[RequestRecord], steps: list[StepRecord], other: float) -> dict:
     span = max(r.finished for r in records) - min(r.arrival for r in records)
-    summary = summarize_requests(records, SLO(), span).as_dict()
+    summary = summarize_requests(records, SloClass(), span).as_dict()
     queries = sum(s.prefix_cache_queries for s in steps)
     return {"ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"],
             "tbt_p99_s": summary["tbt_p99_s"], "num_requests": summary["num_requests"],
@@ -202,7 +201,7 @@ def simulated_capacity(name: str, caching: bool, cost: CostModel, n: int, seed: 
         sim.finish_listeners.append(records.append)
         sim.submit(specs)
         sim.run()
-        return summarize_requests(records, SLO(), max(sim.now - specs[0].arrival_s, 1e-9))
+        return summarize_requests(records, SloClass(), max(sim.now - specs[0].arrival_s, 1e-9))
 
     result = search_capacity(probe, CapacityCriteria(), start_qps=0.2, max_probes=10, tolerance=0.03)
     return {"capacity_qps": result.capacity_qps, "first_failing_qps": result.first_failing_qps,

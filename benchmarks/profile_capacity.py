@@ -27,7 +27,7 @@ from simulation.workload_run import simulated_probe
 from loadgen.workload import load_workload
 from simulation.profile_cost_model import ProfileCostModel
 from policies import Knobs
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 SLOS = {"strict": 0.1, "relaxed": 0.5}           # P99 TBT, Sarathi-Serve's Mistral-7B SLOs
 SARATHI_BUDGET = {"strict": 512, "relaxed": 2048}
@@ -75,7 +75,7 @@ def capacity(cost: ProfileCostModel, workload: str, system: System, slo: str, ar
     knobs = system.knobs_for(workload, slo)
     tbt = SLOS[slo]
     probe = simulated_probe(load_workload(workload), cost, system.policy, Knobs(**knobs),
-                            SLO(args.slo_ttft_s, tbt), args.requests, args.seed)
+                            SloClass(ttft_s=args.slo_ttft_s, tbt_s=tbt), args.requests, args.seed)
     result = search_capacity(probe, CapacityCriteria(args.slo_ttft_s, tbt), start_qps=0.5,
                              max_probes=args.max_probes, tolerance=0.05)
     return {"workload": workload, "slo": slo, "system": system.name, "policy": system.policy,

@@ -22,7 +22,7 @@ from simulation.workload_run import simulated_probe
 from loadgen.workload import load_workload
 from simulation.profile_cost_model import StepTimeModel
 from policies import Knobs
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 
 def parse_args() -> argparse.Namespace:
@@ -46,7 +46,7 @@ def parse_args() -> argparse.Namespace:
 
 def capacity(cost: StepTimeModel, policy: str, budget: int, args: argparse.Namespace) -> dict:
     workload = load_workload(args.workload)
-    slo = SLO(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
+    slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     knobs = Knobs(token_budget=budget, **parse_knobs(args.knob))
     probe = simulated_probe(workload, cost, policy, knobs, slo, args.requests, args.seed, args.min_duration_s)
     result = search_capacity(probe, CapacityCriteria(args.slo_ttft_s, args.slo_tbt_s), start_qps=0.25,

@@ -25,7 +25,7 @@ from simulation.cost_model import CostModel, StepShape
 from engine.outputs import RequestRecord, StepRecord
 from policies import Knobs
 from telemetry.latency_summary import summarize_requests
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 KEYS = ("ttft_p50_s", "tbt_p99_s", "ttft_p99_s", "tbt_p50_s", "goodput_rps", "output_tokens_per_s")
 
@@ -60,7 +60,7 @@ def main() -> None:
     cost = find_cost_model(args.cost_model, args.state_dir)
     prompts = PromptSource(engine.tokenizer, args.seed)
     specs = generate(load_workload(args.workload), qps=args.qps, num_requests=args.num_requests, seed=args.seed)
-    slo = SLO()
+    slo = SloClass()
     warm = [RequestSpec(0.0, 64, 8, "warm-up")] * 4
     replay(engine, warm, prompts)
     rows = []

@@ -42,7 +42,7 @@ from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from loadgen.soak_traffic import SoakPlan, outcome_counts, plan_requests, prompts_for, run_soak
 from loadgen.workload import load_workload
 from telemetry.latency_summary import summarize_requests
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 MAX_RSS_GROWTH = 0.05
 
@@ -162,7 +162,7 @@ def settings(args, state_dir: str) -> dict:
 
 
 def soak(args, workdir: str) -> dict:
-    slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
+    slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     url = f"http://127.0.0.1:{args.port}"
     workload = load_workload(args.workload)
     source = PromptSource(load_prompt_tokenizer(None), args.seed)

@@ -32,7 +32,7 @@ from simulation.cost_model_files import resolve_cost_model
 from loadgen.workload import generate, load_workload
 from policies import Knobs
 from telemetry.latency_summary import summarize_requests
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 SERVING_KNOBS = ("max_num_seqs", "kv_admission_watermark")
 VARIANTS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {   # settings overrides, knobs left out
@@ -67,7 +67,7 @@ def main() -> None:
     args = parse_args()
     cost = resolve_cost_model(None, args.profile)
     specs = generate(load_workload(args.workload), qps=args.qps, duration_s=args.duration, seed=args.seed)
-    slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
+    slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     space = load_search_space(max_token_budget=None)
     shipped = ControllerSettings.load()
     start = time.perf_counter()

@@ -37,7 +37,8 @@ from autotuner.simulated_tuning import VLLM_DEFAULTS, best_static, violating_fra
 from simulation.cost_model_files import find_cost_model
 from loadgen.workload import RequestSpec, generate, load_workload
 from engine.outputs import RequestRecord
-from telemetry.window import SLO
+from engine.slo_class import SloClass
+from telemetry.window import meets_slo
 
 HERE = Path(__file__).resolve().parent
 TUNED_POLICY = "adaptive"
@@ -58,7 +59,7 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def daemon_settings(name: str, static: dict, slo: SLO, args: argparse.Namespace, state_dir: str) -> dict:
+def daemon_settings(name: str, static: dict, slo: SloClass, args: argparse.Namespace, state_dir: str) -> dict:
     """The daemon's YAML settings for one configuration."""
     common = {"port": args.port, "state_dir": state_dir, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s}}
     if name == "tuned":
@@ -119,7 +120,7 @@ def controller_windows(state_dir: str) -> dict:
                        round(d["knobs"]["prefill_priority"], 2), d["violated"]) for d in measured]}
 
 
-def bench_daemon(settings: dict, workdir: str, specs: list[RequestSpec], prompts: list, slo: SLO,
+def bench_daemon(settings: dict, workdir: str, specs: list[RequestSpec], prompts: list, slo: SloClass,
                  drain_s: float) -> tuple[BenchRun, list[RequestRecord]]:
     """A fresh daemon with `settings`, the requests sent open loop (unfinished `drain_s` after the
     last arrival: failed), the daemon stopped; the client's records timed from the run's start."""
@@ -133,13 +134,13 @@ def bench_daemon(settings: dict, workdir: str, specs: list[RequestSpec], prompts
     return run, [from_start(r.record(run.start + options.max_duration_s), run.start) for r in run.results]
 
 
-def run_one(name: str, specs: list[RequestSpec], prompts: list, static: dict, slo: SLO,
+def run_one(name: str, specs: list[RequestSpec], prompts: list, static: dict, slo: SloClass,
             args: argparse.Namespace) -> dict:
     workdir = tempfile.mkdtemp(prefix=f"tuning_shift_{name}_")
     state_dir = os.path.join(workdir, "state")
     run, records = bench_daemon(daemon_settings(name, static, slo, args, state_dir), workdir, specs, prompts, slo,
                                 drain_s=600)
-    good_by_phase = Counter(r.spec.phase for r, record in zip(run.results, records) if slo.met_by(record))
+    good_by_phase = Counter(r.spec.phase for r, record in zip(run.results, records) if meets_slo(record, slo))
     result = {"goodput_rps": run.summary.goodput_rps, "slo_attainment": run.summary.slo_attainment,
               "violating_window_fraction": violating_fraction(records, slo),
               "ttft_p50_s": run.summary.ttft_p50_s, "tbt_p99_s": run.summary.tbt_p99_s,
@@ -152,7 +153,7 @@ def run_one(name: str, specs: list[RequestSpec], prompts: list, static: dict, sl
 
 def main() -> None:
     args = parse_args()
-    slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
+    slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     specs = generate(load_workload(args.workload), args.qps, duration_s=1e9, seed=args.seed)
     prompts = make_prompts(specs, PromptSource(load_prompt_tokenizer(None), args.seed), text=False)
     static, simulated = best_static(specs, find_cost_model(), load_search_space(max_token_budget=None),

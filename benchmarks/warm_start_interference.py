@@ -39,7 +39,7 @@ from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from autotuner.search_space import CONFIG as TUNING_CONFIG
 from autotuner.tuner_service import TUNING_CONFIG_ENV
 from loadgen.workload import generate, load_workload
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 DEFAULT_SETTINGS = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 VARIANTS = {"background": {"background": True}, "in_process": {"background": False},
@@ -92,7 +92,7 @@ def tbt(gaps: list[float]) -> dict[str, float | int | None]:
             "tbt_p99_s": float(np.percentile(gaps, 99)) if gaps else None, "gaps": len(gaps)}
 
 
-def run_variant(variant: str, specs, prompts, slo: SLO, args: argparse.Namespace,
+def run_variant(variant: str, specs, prompts, slo: SloClass, args: argparse.Namespace,
                 span_offsets: tuple[float, float] | None) -> dict:
     workdir = tempfile.mkdtemp(prefix=f"warm_start_{variant}_")
     settings = yaml.safe_load(DEFAULT_SETTINGS.read_text()) | {
@@ -139,7 +139,7 @@ def ratios(results: dict, key: str) -> dict:
 
 def main() -> None:
     args = parse_args()
-    slo = SLO(**yaml.safe_load(DEFAULT_SETTINGS.read_text())["slo"])
+    slo = SloClass(**yaml.safe_load(DEFAULT_SETTINGS.read_text())["slo"])
     specs = generate(load_workload("chat"), args.qps, duration_s=args.duration_s, seed=args.seed)
     prompts = make_prompts(specs, PromptSource(load_prompt_tokenizer(None), args.seed), text=False)
     results: dict[str, dict] = {}

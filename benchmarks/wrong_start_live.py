@@ -24,7 +24,7 @@ from loadgen.bench_client import make_prompts
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from loadgen.workload import generate, load_workload
 from telemetry.latency_summary import summarize_requests
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 from tuning_shift import bench_daemon, controller_windows
 from zero_config import WRONG_STARTS
 
@@ -52,7 +52,7 @@ def met_again_s(verdicts: list[bool]) -> float | None:
     return (last_miss + 1) * WINDOW_S
 
 
-def run_start(name: str, specs: list, prompts: list, slo: SLO, args: argparse.Namespace) -> dict:
+def run_start(name: str, specs: list, prompts: list, slo: SloClass, args: argparse.Namespace) -> dict:
     policy, knobs = WRONG_STARTS[name]
     workdir = tempfile.mkdtemp(prefix=f"wrong_start_{name}_")
     state_dir = os.path.join(workdir, "state")
@@ -75,7 +75,7 @@ def run_start(name: str, specs: list, prompts: list, slo: SLO, args: argparse.Na
 
 def main() -> None:
     args = parse_args()
-    slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
+    slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     specs = generate(load_workload("chat"), args.qps, duration_s=args.duration, seed=args.seed)
     prompts = make_prompts(specs, PromptSource(load_prompt_tokenizer(None), args.seed), text=False)
     results = {name: run_start(name, specs, prompts, slo, args) for name in args.starts}

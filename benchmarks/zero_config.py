@@ -52,7 +52,8 @@ from simulation.profile_cost_model import StepTimeModel
 from simulation.relative_load import simulated_capacity
 from simulation.workload_run import simulate
 from telemetry.latency_summary import summarize_requests
-from telemetry.window import SLO
+from engine.slo_class import SloClass
+from telemetry.window import meets_slo
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_CALIBRATIONS = {"avx512": "configs/cost_models/smollm2-135m-instruct-fp32-quantized-cpu-avx512-bf16.json",
@@ -98,12 +99,12 @@ def cost_model(hardware: str) -> StepTimeModel:
     return resolve_cost_model(profile=hardware)
 
 
-def good_by_arrival(specs: list[RequestSpec], records: list[RequestRecord], slo: SLO, bin_s: float) -> np.ndarray:
+def good_by_arrival(specs: list[RequestSpec], records: list[RequestRecord], slo: SloClass, bin_s: float) -> np.ndarray:
     """Requests that met the SLO, per `bin_s` bin of their arrival time (simulator ids: sim-<index>)."""
     arrivals = sorted(s.arrival_s for s in specs)
     counts = np.zeros(int(arrivals[-1] // bin_s) + 1)
     for r in records:
-        if slo.met_by(r):
+        if meets_slo(r, slo):
             counts[int(arrivals[int(r.request_id.removeprefix("sim-"))] // bin_s)] += 1
     return counts
 
@@ -122,7 +123,7 @@ def convergence_bin(tuned: np.ndarray, static: np.ndarray, bin_s: float, window_
     return next((first for first in starts if all(ok[first:])), None)
 
 
-def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SLO, start: Start,
+def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SloClass, start: Start,
              static_records: list[RequestRecord], static_good: np.ndarray, static_goodput: float, window_s: float,
              seed: int) -> dict[str, Any]:
     """One start: tuned from it, and left alone."""
@@ -157,9 +158,9 @@ def run_pair(hardware: str, workload: str, args: argparse.Namespace) -> dict[str
     cost = cost_model(hardware)
     wl = load_workload(workload)
     if hardware == "cpu":
-        slo = SLO(CPU_TTFT_S.get(workload, args.slo_ttft_s), args.slo_tbt_s)
+        slo = SloClass(ttft_s=CPU_TTFT_S.get(workload, args.slo_ttft_s), tbt_s=args.slo_tbt_s)
     else:
-        slo = SLO(args.slo_ttft_s, args.gpu_slo_tbt_s)
+        slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.gpu_slo_tbt_s)
     capacity = simulated_capacity(wl, cost, slo, args.seed)
     qps = args.load * capacity
     duration = max(args.duration, args.min_requests / qps)      # a low rate needs longer to say anything
@@ -185,8 +186,8 @@ def grid_floor(hardware: str, workload: str, args: argparse.Namespace) -> dict[s
     arrivals a window at low rates: +-4% between configurations on the same requests), not on
     what it serves."""
     cost, wl = cost_model(hardware), load_workload(workload)
-    slo = SLO(CPU_TTFT_S.get(workload, args.slo_ttft_s), args.slo_tbt_s) if hardware == "cpu" else \
-        SLO(args.slo_ttft_s, args.gpu_slo_tbt_s)
+    slo = SloClass(ttft_s=CPU_TTFT_S.get(workload, args.slo_ttft_s), tbt_s=args.slo_tbt_s) if hardware == "cpu" else \
+        SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.gpu_slo_tbt_s)
     qps = args.load * simulated_capacity(wl, cost, slo, args.seed)
     specs = generate(wl, qps=qps, duration_s=max(args.duration, args.min_requests / qps), seed=args.seed)
     space = load_search_space(max_token_budget=None)

@@ -21,7 +21,8 @@ from engine.outputs import RequestRecord
 from loadgen.workload import RequestSpec
 from simulation.fleet import Fleet
 from simulation.simulator import Simulator
-from telemetry.window import SLO
+from engine.slo_class import SloClass
+from telemetry.window import meets_slo
 
 TICK_S = 0.2                 # the ingress asks every replica for its load this often (RouterConfig.load_interval_s)
 SAMPLE_S = 10.0              # the timeline's resolution
@@ -170,11 +171,11 @@ class DayRun:
         return TimelinePoint(now, rate, serving, starting, sum(r.draining for r in live))
 
     def _result(self, now: float) -> DayResult:
-        slo = SLO()
+        slo = SloClass()
         by_class: dict[str, list[int]] = {}
         met = 0
         for _, record in self.fleet.finished:
-            ok = slo.met_by(record)
+            ok = meets_slo(record, slo)
             met += ok
             counts = by_class.setdefault(record.slo_class, [0, 0])
             counts[0] += 1
@@ -201,7 +202,7 @@ class _Accumulator:
 
     def telemetry(self, interval_s: float, finished: list[RequestRecord], kv_usage: float, serving: int,
                   starting: int) -> FleetTelemetry:
-        n, slo = self.arrivals, SLO()
+        n, slo = self.arrivals, SloClass()
         ttfts = [r.ttft_s for r in finished if r.ttft_s is not None]
         tpots = [(r.finished - r.first_token) / (r.num_output_tokens - 1) for r in finished
                  if r.first_token is not None and r.num_output_tokens > 1]
@@ -209,7 +210,7 @@ class _Accumulator:
             interval_s, n, self.prompt_tokens / n if n else 0.0, self.output_tokens / n if n else 0.0,
             self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0, kv_usage, len(finished),
             sum(ttfts) / len(ttfts) if ttfts else None, sum(tpots) / len(tpots) if tpots else None,
-            sum(slo.met_by(r) for r in finished) / len(finished) if finished else None, serving, starting)
+            sum(meets_slo(r, slo) for r in finished) / len(finished) if finished else None, serving, starting)
 
 
 def run_day(specs: Sequence[RequestSpec], make_simulator: Callable[[], Simulator], scaler: Scaler,

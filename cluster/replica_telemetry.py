@@ -7,7 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from engine.outputs import RequestRecord
-from telemetry.window import SLO
+from engine.slo_class import SloClass
+from telemetry.window import meets_slo
 
 
 @dataclass(frozen=True)
@@ -20,11 +21,11 @@ class ReplicaTelemetry:
     kv_usage: float = 0.0
 
     @staticmethod
-    def of(records: Sequence[RequestRecord], slo: SLO, kv_usage: float) -> ReplicaTelemetry:
+    def of(records: Sequence[RequestRecord], slo: SloClass, kv_usage: float) -> ReplicaTelemetry:
         ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
         tpots = [(r.finished - r.first_token) / (r.num_output_tokens - 1) for r in records
                  if r.first_token is not None and r.num_output_tokens > 1]
-        return ReplicaTelemetry(len(records), sum(slo.met_by(r) for r in records), sum(ttfts), sum(tpots),
+        return ReplicaTelemetry(len(records), sum(meets_slo(r, slo) for r in records), sum(ttfts), sum(tpots),
                                 len(tpots), kv_usage)
 
     @staticmethod

@@ -24,6 +24,9 @@ ARRIVAL_GUARD_FRACTION = 0.5
 
 @dataclass(frozen=True)
 class SloClass:
+    """The one type of latency targets: a request's class, and the targets a run or reader judges
+    records that carry none by (`telemetry.window.meets_slo`); the defaults are written only here."""
+
     name: str = "interactive"
     ttft_s: float = 2.0            # arrival -> first token
     tbt_s: float = 0.25            # gap between consecutive tokens, at `tbt_percentile` of the request's gaps

@@ -23,9 +23,8 @@ from loadgen.capacity import probe_size
 from loadgen.prompts import PromptSource
 from loadgen.workload import RequestSpec, Workload, generate
 from engine.outputs import RequestRecord
-from engine.slo_class import shipped_slo_classes
+from engine.slo_class import SloClass, shipped_slo_classes
 from telemetry.latency_summary import LatencySummary, summarize_requests
-from telemetry.window import SLO
 
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -153,13 +152,13 @@ def make_prompts(specs: list[RequestSpec], source: PromptSource, text: bool) -> 
     return [source.tokenizer.decode(i) for i in ids] if text else ids
 
 
-def run_bench(specs: list[RequestSpec], prompts: list[str | list[int]], options: BenchOptions, slo: SLO,
+def run_bench(specs: list[RequestSpec], prompts: list[str | list[int]], options: BenchOptions, slo: SloClass,
               model: str | None = None) -> BenchRun:
     model = model or resolve_model_name(options)
     return asyncio.run(_run(specs, prompts, options, slo, model))
 
 
-async def _run(specs: list[RequestSpec], prompts: list[str | list[int]], options: BenchOptions, slo: SLO,
+async def _run(specs: list[RequestSpec], prompts: list[str | list[int]], options: BenchOptions, slo: SloClass,
                model: str) -> BenchRun:
     results = [RequestResult(i, s) for i, s in enumerate(specs)]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # never queue on our side
@@ -272,7 +271,7 @@ def _error_message(body: bytes) -> str:
 
 # ---- composition: workload -> run -> files -------------------------------------------------------
 
-def bench_workload(workload: Workload, source: PromptSource, options: BenchOptions, slo: SLO,
+def bench_workload(workload: Workload, source: PromptSource, options: BenchOptions, slo: SloClass,
                    qps: float | None = None, num_requests: int | None = None, seed: int = 0,
                    model: str | None = None) -> BenchRun:
     """One open-loop run of the workload, arrivals cut at options.max_duration_s."""
@@ -280,7 +279,7 @@ def bench_workload(workload: Workload, source: PromptSource, options: BenchOptio
     return run_bench(specs, make_prompts(specs, source, options.sends_text), options, slo, model)
 
 
-def live_probe(workload: Workload, source: PromptSource, options: BenchOptions, slo: SLO,
+def live_probe(workload: Workload, source: PromptSource, options: BenchOptions, slo: SloClass,
                num_requests: int, seed: int = 0, min_duration_s: float = 0.0) -> Callable[[float], LatencySummary]:
     """A capacity probe: the same requests (same seed) replayed at a given qps against the server,
     at least `min_duration_s` of arrivals (loadgen.capacity.probe_size)."""

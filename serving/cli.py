@@ -143,7 +143,7 @@ def bench_setup(args: argparse.Namespace):
     from loadgen.bench_client import BenchOptions
     from loadgen.prompts import PromptSource, load_prompt_tokenizer
     from loadgen.workload import load_workload
-    from telemetry.window import SLO
+    from engine.slo_class import SloClass
 
     for flag in ("qps", "slo_ttft_s", "slo_tbt_s"):
         if getattr(args, flag) is not None and not getattr(args, flag) > 0:
@@ -154,7 +154,7 @@ def bench_setup(args: argparse.Namespace):
     options = BenchOptions(args.base_url, args.model, args.text_prompts, args.endpoint, args.api_key,
                            args.max_duration_s, args.progress)
     source = PromptSource(load_prompt_tokenizer(args.tokenizer), args.seed)
-    return workload, source, options, SLO(args.slo_ttft_s, args.slo_tbt_s)
+    return workload, source, options, SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
 
 
 def run_bench_command(args: argparse.Namespace) -> None:
@@ -211,14 +211,14 @@ def simulated_capacity_probe(args: argparse.Namespace):
     from simulation.workload_run import simulated_probe
     from loadgen.workload import load_workload
     from policies import Knobs, get_policy
-    from telemetry.window import SLO
+    from engine.slo_class import SloClass
 
     if args.num_requests < 1 or not (args.slo_ttft_s > 0 and args.slo_tbt_s > 0):
         raise ValueError("--num-requests must be >= 1 and the SLO bounds > 0")
     get_policy(args.policy)
     knobs = Knobs().replace(**cli_tuning.parse_knobs(args.knob))
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
-    slo = SLO(args.slo_ttft_s, args.slo_tbt_s)
+    slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     workload = load_workload(args.workload)
     probe = simulated_probe(workload, cost, args.policy, knobs, slo, args.num_requests, args.seed,
                             args.min_duration_s)

@@ -149,7 +149,7 @@ def run_simulate(args: argparse.Namespace) -> None:
     from simulation.workload_run import simulate
     from loadgen.workload import generate, load_workload
     from policies import Knobs, get_policy
-    from telemetry.window import SLO
+    from engine.slo_class import SloClass
 
     if args.requests is not None and args.requests < 1:
         raise ValueError("--requests must be >= 1")
@@ -158,7 +158,7 @@ def run_simulate(args: argparse.Namespace) -> None:
     get_policy(args.policy)
     knobs = Knobs().replace(**parse_knobs(args.knob))
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
-    workload, slo = load_workload(args.workload), SLO(args.slo_ttft_s, args.slo_tbt_s)
+    workload, slo = load_workload(args.workload), SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     rate = resolve_rate(args, workload, cost, slo)
     requests = args.requests if args.requests is not None or args.duration is not None else 1000
     specs = generate(workload, qps=rate.qps, num_requests=requests, duration_s=args.duration, seed=args.seed)
@@ -181,12 +181,12 @@ def run_tune(args: argparse.Namespace) -> None:
     from autotuner.simulated_tuning import compare
     from simulation.cost_model_files import resolve_cost_model
     from loadgen.workload import generate, load_workload
-    from telemetry.window import SLO
+    from engine.slo_class import SloClass
 
     if not args.duration > 0:
         raise ValueError("--duration must be > 0")
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
-    workload, slo = load_workload(args.workload), SLO(args.slo_ttft_s, args.slo_tbt_s)
+    workload, slo = load_workload(args.workload), SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     rate = resolve_rate(args, workload, cost, slo)
     specs = generate(workload, qps=rate.qps, duration_s=args.duration, seed=args.seed)
     if not specs:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.engine_config import EngineConfig
 from serving.api_server import ApiConfig
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 
 @dataclass
@@ -16,7 +16,7 @@ class DaemonConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     grace_s: float = 30.0
-    slo: SLO = SLO()
+    slo: SloClass = SloClass()
     peak_flops: float | None = None           # device peaks for MFU/MBU; probed at start-up when unset
     peak_bandwidth: float | None = None
     utilisation_window_s: float = 10.0

@@ -14,9 +14,8 @@ import yaml
 
 from serving.api_server import ApiConfig
 from engine.engine_config import EngineConfig
-from engine.slo_class import CONFIG as SHIPPED_SLO_CLASSES, SloClasses
+from engine.slo_class import CONFIG as SHIPPED_SLO_CLASSES, SloClass, SloClasses
 from policies import Knobs, get_policy
-from telemetry.window import SLO
 
 
 class SettingsError(ValueError):
@@ -70,10 +69,10 @@ class Settings:
         except (TypeError, ValueError) as e:
             raise SettingsError(f"knobs: {e}") from e
 
-    def slo_values(self) -> SLO:
+    def slo_values(self) -> SloClass:
         try:
-            return SLO(**self.slo)
-        except TypeError as e:
+            return SloClass(**self.slo)
+        except (TypeError, ValueError) as e:   # ValueError: a target <= 0 (SloClass checks its values)
             raise SettingsError(f"slo: {e}") from e
 
     def slo_class_values(self) -> SloClasses:

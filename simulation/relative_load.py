@@ -13,7 +13,7 @@ from loadgen.workload import Workload
 from policies import Knobs
 from simulation.profile_cost_model import StepTimeModel
 from simulation.workload_run import simulated_probe
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 DEFAULT_LOAD = 0.8
 PROBE_REQUESTS = 300     # per capacity probe at least, and ...
@@ -30,7 +30,7 @@ class BaseRate:
     capacity_qps: float | None        # the simulated capacity it is a share of
 
 
-def simulated_capacity(workload: Workload, cost: StepTimeModel, slo: SLO, seed: int = 0,
+def simulated_capacity(workload: Workload, cost: StepTimeModel, slo: SloClass, seed: int = 0,
                        num_requests: int = PROBE_REQUESTS) -> float:
     """The largest base rate (within 5%) meeting P50 TTFT and P99 TBT, by the capacity search with
     sustained probes (at least PROBE_MIN_S of arrivals)."""
@@ -43,7 +43,7 @@ def simulated_capacity(workload: Workload, cost: StepTimeModel, slo: SLO, seed: 
     return result.capacity_qps
 
 
-def base_rate(workload: Workload, cost: StepTimeModel, slo: SLO, qps: float | None, load: float | None,
+def base_rate(workload: Workload, cost: StepTimeModel, slo: SloClass, qps: float | None, load: float | None,
               seed: int = 0) -> BaseRate:
     """An explicit --qps as given; otherwise --load (default 0.8) of the simulated capacity."""
     if qps is not None and load is not None:

@@ -9,10 +9,9 @@ from loadgen.workload import RequestSpec, Workload, generate
 from simulation.profile_cost_model import StepTimeModel
 from engine.outputs import RequestRecord
 from simulation.simulator import Simulator
-from engine.slo_class import shipped_slo_classes
+from engine.slo_class import SloClass, shipped_slo_classes
 from policies import Knobs
 from telemetry.latency_summary import LatencySummary, summarize_requests
-from telemetry.window import SLO
 
 
 @dataclass
@@ -23,7 +22,7 @@ class SimulatedRun:
     num_rejected: int
 
 
-def make_simulator(cost: StepTimeModel, policy: str, knobs: Knobs, slo: SLO | None = None,
+def make_simulator(cost: StepTimeModel, policy: str, knobs: Knobs, slo: SloClass | None = None,
                    prefix_caching: bool = True) -> Simulator:
     """Requests of the default SLO class get `slo`'s targets (the run's --slo flags)."""
     classes = shipped_slo_classes()
@@ -41,7 +40,7 @@ def shares_prefixes(specs: list[RequestSpec]) -> bool:
 
 
 def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = "sarathi", knobs: Knobs | None = None,
-             slo: SLO | None = None) -> SimulatedRun:
+             slo: SloClass | None = None) -> SimulatedRun:
     """Every request through to its end; rates are over first arrival to last finish."""
     sim = make_simulator(cost, policy, knobs or Knobs(), slo, prefix_caching=shares_prefixes(specs))
     records: list[RequestRecord] = []
@@ -51,11 +50,11 @@ def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = "sarat
     duration = max(sim.now - (specs[0].arrival_s if specs else 0.0), 1e-9)
     rejected = [RequestRecord(f"rejected-{i}", 0.0, None, 0.0, (), 0, 0, 0, "error", 0)
                 for i in range(sim.num_rejected)]
-    return SimulatedRun(records, summarize_requests(records + rejected, slo or SLO(), duration),
+    return SimulatedRun(records, summarize_requests(records + rejected, slo or SloClass(), duration),
                         sim.num_steps, sim.num_rejected)
 
 
-def simulated_probe(workload: Workload, cost: StepTimeModel, policy: str, knobs: Knobs, slo: SLO,
+def simulated_probe(workload: Workload, cost: StepTimeModel, policy: str, knobs: Knobs, slo: SloClass,
                     num_requests: int, seed: int = 0, min_duration_s: float = 0.0):
     """A capacity probe (loadgen.capacity): `num_requests` of the workload (more where they would
     arrive within `min_duration_s`: loadgen.capacity.probe_size), seeded, at the probed rate through

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from engine.outputs import RequestRecord
-from telemetry.window import SLO
+from engine.slo_class import SloClass
+from telemetry.window import meets_slo
 
 FINISHED = ("stop", "length")
 
@@ -52,7 +53,7 @@ class LatencySummary:
         return asdict(self)
 
 
-def summarize_requests(records: list[RequestRecord], slo: SLO, duration_s: float) -> LatencySummary:
+def summarize_requests(records: list[RequestRecord], slo: SloClass, duration_s: float) -> LatencySummary:
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
     done = [r for r in records if r.finish_reason in FINISHED]
@@ -60,7 +61,7 @@ def summarize_requests(records: list[RequestRecord], slo: SLO, duration_s: float
     tbt = _gaps(done)             # pooled over requests: millions of gaps after a long simulation
     tpot = [t for t in map(_tpot, done) if t is not None]
     e2e = [r.e2e_s for r in done]
-    met_each = [slo.met_by(r) for r in records]
+    met_each = [meets_slo(r, slo) for r in records]
     met = sum(met_each)
     ttft_p50, ttft_p90, ttft_p99 = _pcts(ttft, (50, 90, 99))
     tbt_p50, tbt_p90, tbt_p99 = _pcts(tbt, (50, 90, 99))

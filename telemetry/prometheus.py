@@ -8,7 +8,8 @@ from engine.outputs import RequestRecord, StepRecord
 from engine.request import Request
 from policies import Knobs
 from policies.knobs import KNOB_SPECS
-from telemetry.window import SLO
+from engine.slo_class import SloClass
+from telemetry.window import meets_slo
 
 P = "autotuned:"
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0,
@@ -17,12 +18,12 @@ TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class PrometheusMetrics:
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, slo: SLO | None = None) -> None:
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, slo: SloClass | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
         labels = ["model_name"]
         per_request = labels + ["slo_class"]    # request-level series, split by the request's SLO class
         self._model = model_name
-        self._slo = slo or SLO()                # judges records that carry no class targets
+        self._slo = slo or SloClass()                # judges records that carry no class targets
         self.running = Gauge(P + "num_requests_running", "Requests holding KV and being computed.", labels, registry=r)
         self.waiting = Gauge(P + "num_requests_waiting", "Requests queued, not yet admitted.", labels, registry=r)
         self.kv_usage = Gauge(P + "kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", labels, registry=r)
@@ -112,7 +113,7 @@ class PrometheusMetrics:
         m, c = self._model, r.slo_class
         self.finished.labels(m, c, r.finish_reason).inc()
         goodput = self.goodput.labels(m, c)    # created at 0, so a class with no good request still shows
-        if self._slo.met_by(r):
+        if meets_slo(r, self._slo):
             goodput.inc()
         self.e2e.labels(m, c).observe(r.e2e_s)
         if r.ttft_s is not None:

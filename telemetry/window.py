@@ -14,24 +14,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.outputs import RequestRecord, StepRecord
+from engine.slo_class import SloClass
 from telemetry.hardware import DevicePeaks
 from telemetry.model_cost import ModelCost
 
 
-@dataclass(frozen=True)
-class SLO:
-    ttft_s: float = 2.0
-    tbt_s: float = 0.25
-    tbt_percentile: float = 99.0   # of each request's own gaps
-
-    def met_by(self, r: RequestRecord) -> bool:
-        """Judged by the request's own SLO class targets where it carries them, else by these."""
-        ttft_s = r.slo_ttft_s if r.slo_ttft_s is not None else self.ttft_s
-        tbt_s = r.slo_tbt_s if r.slo_tbt_s is not None else self.tbt_s
-        if r.finish_reason not in ("stop", "length") or r.ttft_s is None or r.ttft_s > ttft_s:
-            return False
-        gaps = r.tbt_s
-        return not gaps or percentile(gaps, self.tbt_percentile) <= tbt_s
+def meets_slo(r: RequestRecord, slo: SloClass) -> bool:
+    """Judged by the request's own SLO class targets where it carries them, else by `slo`'s."""
+    ttft_s = r.slo_ttft_s if r.slo_ttft_s is not None else slo.ttft_s
+    tbt_s = r.slo_tbt_s if r.slo_tbt_s is not None else slo.tbt_s
+    if r.finish_reason not in ("stop", "length") or r.ttft_s is None or r.ttft_s > ttft_s:
+        return False
+    gaps = r.tbt_s
+    return not gaps or percentile(gaps, slo.tbt_percentile) <= tbt_s
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -101,9 +96,9 @@ HORIZON_S = 600.0   # how far back a TelemetryWindow keeps records by default (t
 class TelemetryWindow:
     """Keeps the last `horizon_s` of records; `window(seconds)` summarises the most recent part."""
 
-    def __init__(self, slo: SLO | None = None, cost: ModelCost | None = None, peaks: DevicePeaks | None = None,
+    def __init__(self, slo: SloClass | None = None, cost: ModelCost | None = None, peaks: DevicePeaks | None = None,
                  horizon_s: float = HORIZON_S, clock=time.monotonic) -> None:
-        self.slo = slo or SLO()
+        self.slo = slo or SloClass()
         self.cost, self.peaks = cost, peaks
         self.horizon_s = horizon_s
         self.clock = clock
@@ -154,7 +149,7 @@ class TelemetryWindow:
         tbt = [g for s in steps for g in s.token_gaps]     # tokens produced in the window, not before it
         tpot = [r.tpot_s for r in finished if r.tpot_s is not None]
         e2e = [r.e2e_s for r in finished]
-        met_by = [self.slo.met_by(r) for r in finished]
+        met_by = [meets_slo(r, self.slo) for r in finished]
         met = sum(met_by)
         by_class = _by_class(finished, met_by)
         busy = sum(s.duration_s for s in steps)

@@ -28,9 +28,10 @@ from autotuner.warm_start import SimulatorWarmStart, WarmStartJob, background_ru
 from loadgen.workload import generate, load_workload
 from simulation.cost_model import CostModel
 from policies import Knobs
-from telemetry.window import SLO, TelemetryWindow
+from engine.slo_class import SloClass
+from telemetry.window import TelemetryWindow
 
-SLO_ = SLO(2.0, 0.25)
+SLO_ = SloClass(ttft_s=2.0, tbt_s=0.25)
 PACKAGES = ("autotuner", "engine", "policies", "serving", "cluster", "simulation", "telemetry", "loadgen")
 COST = CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
 

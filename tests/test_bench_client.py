@@ -13,7 +13,7 @@ from serving.cli import main
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from loadgen.workload import parse_workload
 from serving.api_server import ApiConfig
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 from tests.conftest import make_engine
 from tests.live_server import LiveServer
 
@@ -78,15 +78,15 @@ def test_text_prompts_chat_and_unfinished_requests(server, tiny_hf):
     tokenizer = load_prompt_tokenizer(tiny_hf[0])
     source = PromptSource(tokenizer, text=WORDS)
     workload = parse_workload("w", {"qps": 50, "phases": [{"lengths": {"kind": "fixed", "prompt": 20, "output": 8}}]})
-    run = bench_workload(workload, source, BenchOptions(server.url, text_prompts=True, progress=False), SLO(),
+    run = bench_workload(workload, source, BenchOptions(server.url, text_prompts=True, progress=False), SloClass(),
                          num_requests=4)
     assert run.summary.num_finished == 4 and all(r.server_prompt_tokens == 20 for r in run.results)
-    chat = bench_workload(workload, source, BenchOptions(server.url, endpoint="chat", progress=False), SLO(),
+    chat = bench_workload(workload, source, BenchOptions(server.url, endpoint="chat", progress=False), SloClass(),
                           num_requests=3)
     assert chat.summary.num_finished == 3 and chat.summary.ttft_p50_s > 0
     assert all(r.num_output_tokens == 8 and 1 <= len(r.chunk_times) <= 8 for r in chat.results)
     slow = parse_workload("w", {"qps": 50, "phases": [{"lengths": {"kind": "fixed", "prompt": 20, "output": 400}}]})
-    run = bench_workload(slow, source, BenchOptions(server.url, max_duration_s=0.3, progress=False), SLO(),
+    run = bench_workload(slow, source, BenchOptions(server.url, max_duration_s=0.3, progress=False), SloClass(),
                          num_requests=3)
     assert run.summary.num_finished == 0 and run.summary.num_failed == 3 and run.summary.goodput_rps == 0
     assert all("not finished within 0.3 s" in r.error for r in run.results)
@@ -124,7 +124,7 @@ def test_search_with_a_live_probe_is_reusable(server, tiny_hf):
 
     source = PromptSource(load_prompt_tokenizer(tiny_hf[0]), text=WORDS)
     workload = parse_workload("w", {"phases": [{"lengths": {"kind": "fixed", "prompt": 8, "output": 4}}]})
-    probe = live_probe(workload, source, BenchOptions(server.url, progress=False), SLO(), num_requests=3)
+    probe = live_probe(workload, source, BenchOptions(server.url, progress=False), SloClass(), num_requests=3)
     result = search_capacity(probe, CapacityCriteria(30.0, 10.0), start_qps=20.0, max_probes=1)
     assert result.capacity_qps == 20.0 and result.probes[0].summary["num_finished"] == 3
 
@@ -141,7 +141,7 @@ def test_requests_carry_their_slo_class_to_the_server_and_the_summary(server, ti
              RequestSpec(0.02, 10, 3, "a", "gold")]             # gold: unknown to the server, answered 400
     source = PromptSource(load_prompt_tokenizer(tiny_hf[0]), text=WORDS)
     run = run_bench(specs, make_prompts(specs, source, False), BenchOptions(server.url, progress=False),
-                    SLO(30.0, 10.0), "tiny")
+                    SloClass(ttft_s=30.0, tbt_s=10.0), "tiny")
     assert seen == {8: "batch", 9: "interactive"}
     assert "HTTP 400" in run.results[2].error and "slo_class" not in (run.results[0].error or "")
     records = [r.record(run.start) for r in run.results]

@@ -79,11 +79,11 @@ def test_a_short_probe_passes_a_rate_a_sustained_one_fails():
     from policies import Knobs
     from simulation.cost_model_files import resolve_cost_model
     from simulation.workload_run import simulated_probe
-    from telemetry.window import SLO
+    from engine.slo_class import SloClass
 
     cost = resolve_cost_model("configs/cost_models/smollm2-135m-instruct-fp32-quantized-cpu-avx512-bf16.json")
     criteria, workload = CapacityCriteria(), load_workload("chat")
-    burst = simulated_probe(workload, cost, "sarathi", Knobs(token_budget=128), SLO(), 60)
-    sustained = simulated_probe(workload, cost, "sarathi", Knobs(token_budget=128), SLO(), 60, min_duration_s=60)
+    burst = simulated_probe(workload, cost, "sarathi", Knobs(token_budget=128), SloClass(), 60)
+    sustained = simulated_probe(workload, cost, "sarathi", Knobs(token_budget=128), SloClass(), 60, min_duration_s=60)
     assert criteria.passes(burst(4.0).as_dict())
     assert not criteria.passes(sustained(4.0).as_dict())

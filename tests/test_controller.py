@@ -23,9 +23,10 @@ from autotuner.tuner_state import TunerState
 from loadgen.workload import RequestSpec, generate, load_workload, parse_workload
 from simulation.cost_model import CostModel
 from policies import Knobs
-from telemetry.window import SLO, TelemetryWindow
+from engine.slo_class import SloClass
+from telemetry.window import TelemetryWindow
 
-SLO_ = SLO(2.0, 0.25)
+SLO_ = SloClass(ttft_s=2.0, tbt_s=0.25)
 FAST = dict(policy="adaptive", min_window_s=10.0, max_window_s=60.0, min_requests=20, min_tbt_samples=500, warm_start_trials=0,
             explore_trials=16, recheck_every=5)
 
@@ -463,7 +464,7 @@ def test_window_verdicts_by_finish_time():
 
     records = [record(0, 0.5, 10), record(5, 0.5, 20), record(30, 3.0, 40), record(35, 3.0, 50),
                record(100, 0.5, 110)]
-    slo = SLO(2.0, 0.25)
+    slo = SloClass(ttft_s=2.0, tbt_s=0.25)
     assert window_verdicts(records, slo, 30.0) == [True, False, True, True]
     assert violating_fraction(records, slo, 30.0) == 0.25
     assert window_verdicts(records, slo, 30.0, start_s=45.0) == [False, True, True]

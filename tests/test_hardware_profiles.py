@@ -20,7 +20,7 @@ from simulation.hardware_profile import load_profile, parse_profile, profile_nam
 from simulation.profile_checks import TOLERANCE, run_checks
 from simulation.profile_cost_model import ProfileCostModel
 from policies import Knobs
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
 REQUIRED = ("h100-llama3.1-8b", "a100-mistral-7b", "h100-llama3.1-70b-tp4", "h100-llama3.1-70b-tp8")
 CHECKS = [(name, c.name) for name in profile_names() for c in load_profile(name).checks]
@@ -87,17 +87,17 @@ def test_simulator_runs_on_a_profile():
     cost = resolve_cost_model(profile="h100-llama3.1-8b")
     specs = [RequestSpec(0.05 * i, 500, 50, "p") for i in range(40)]
     for policy in ("sarathi", "deadline", "prefill-first"):
-        run = simulate(specs, cost, policy, Knobs(token_budget=512), SLO(2.0, 0.1))
+        run = simulate(specs, cost, policy, Knobs(token_budget=512), SloClass(ttft_s=2.0, tbt_s=0.1))
         assert run.summary.num_finished == 40 and run.num_rejected == 0
         assert run.summary.tbt_p50_s < 0.05         # an H100 decodes an 8B model in milliseconds, not the CPU's 50 ms+
-    probe = simulated_probe(load_workload("chat"), cost, "sarathi", Knobs(), SLO(), 30)
+    probe = simulated_probe(load_workload("chat"), cost, "sarathi", Knobs(), SloClass(), 30)
     assert probe(2.0).num_finished == 30
 
 
 def test_warm_start_budget_rule_reads_the_profile():
     space = load_search_space()
-    a100 = slo_token_budget(ProfileCostModel.named("a100-mistral-7b"), SLO(2.0, 0.1), space, 0.1)
-    h100 = slo_token_budget(ProfileCostModel.named("h100-llama3.1-8b"), SLO(2.0, 0.1), space, 0.1)
+    a100 = slo_token_budget(ProfileCostModel.named("a100-mistral-7b"), SloClass(ttft_s=2.0, tbt_s=0.1), space, 0.1)
+    h100 = slo_token_budget(ProfileCostModel.named("h100-llama3.1-8b"), SloClass(ttft_s=2.0, tbt_s=0.1), space, 0.1)
     assert a100 < h100                               # the faster GPU fits a larger chunk in 0.1 s
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from autotuner.objective import score
-from telemetry.window import SLO
+from engine.slo_class import SloClass
 
-SLO_ = SLO(2.0, 0.1)
+SLO_ = SloClass(ttft_s=2.0, tbt_s=0.1)
 
 
 def test_ties_go_to_the_configuration_whose_requests_queue_least():

@@ -13,16 +13,18 @@ from serving.cli import main
 from simulation.cost_model_files import SHIPPED_COST_MODEL, find_cost_model
 from simulation.relative_load import base_rate, simulated_capacity
 from simulation.workload_run import simulate
-from telemetry.window import SLO
+from engine.slo_class import SloClass
+
+SLO_ = SloClass(ttft_s=2.0, tbt_s=0.25)
 
 
-def summary_at(qps: float, workload, cost, slo: SLO) -> dict:
+def summary_at(qps: float, workload, cost, slo: SloClass) -> dict:
     specs = generate(workload, qps=qps, num_requests=300, seed=0)
     return simulate(specs, cost, "deadline", Knobs(), slo).summary.as_dict()
 
 
 def test_the_capacity_meets_the_slo_and_a_fifth_more_does_not():
-    cost, slo, workload = find_cost_model(str(SHIPPED_COST_MODEL)), SLO(2.0, 0.25), load_workload("chat")
+    cost, slo, workload = find_cost_model(str(SHIPPED_COST_MODEL)), SLO_, load_workload("chat")
     capacity = simulated_capacity(workload, cost, slo)
     criteria = CapacityCriteria(slo.ttft_s, slo.tbt_s)
     assert criteria.passes(summary_at(capacity, workload, cost, slo))
@@ -31,7 +33,7 @@ def test_the_capacity_meets_the_slo_and_a_fifth_more_does_not():
 
 
 def test_load_scales_the_capacity_and_qps_wins():
-    cost, slo, workload = find_cost_model(str(SHIPPED_COST_MODEL)), SLO(2.0, 0.25), load_workload("chat")
+    cost, slo, workload = find_cost_model(str(SHIPPED_COST_MODEL)), SLO_, load_workload("chat")
     half = base_rate(workload, cost, slo, None, 0.5)
     default = base_rate(workload, cost, slo, None, None)
     assert half.capacity_qps == default.capacity_qps

@@ -6,7 +6,10 @@ import pytest
 
 from engine.outputs import RequestRecord
 from telemetry.latency_summary import class_lines, summarize_requests
-from telemetry.window import SLO, TelemetryWindow
+from engine.slo_class import SloClass
+from telemetry.window import TelemetryWindow
+
+SLO_ = SloClass(ttft_s=2.0, tbt_s=0.25)
 
 
 def record(i: int, cls: str, ttft: float, gap: float = 0.1, reason: str = "length",
@@ -29,7 +32,7 @@ RECORDS = [
 
 
 def test_latency_summary_by_class():
-    s = summarize_requests(RECORDS, SLO(2.0, 0.25), duration_s=10.0)
+    s = summarize_requests(RECORDS, SLO_, duration_s=10.0)
     assert s.goodput_rps == pytest.approx(0.2) and s.slo_attainment == pytest.approx(2 / 6)
     assert set(s.by_class) == {"interactive", "batch"}
     i, b = s.by_class["interactive"], s.by_class["batch"]
@@ -40,11 +43,11 @@ def test_latency_summary_by_class():
     assert s.as_dict()["by_class"] == s.by_class
     lines = class_lines(s.as_dict())
     assert len(lines) == 2 and lines[0].startswith("batch: 3 requests") and "33.3%" in lines[0]
-    assert class_lines(summarize_requests(RECORDS[:3], SLO(), 10.0).as_dict()) == []   # one class: no lines
+    assert class_lines(summarize_requests(RECORDS[:3], SloClass(), 10.0).as_dict()) == []   # one class: no lines
 
 
 def test_window_summary_by_class():
-    window = TelemetryWindow(SLO(2.0, 0.25), clock=lambda: 50.0)
+    window = TelemetryWindow(SLO_, clock=lambda: 50.0)
     for r in RECORDS:      # all finish within [0, 50)
         window.on_finish(r)
     w = window.window(50.0)
@@ -57,7 +60,7 @@ def test_window_summary_by_class():
 
 def test_the_tuner_scores_a_mixed_window_by_class_weights_and_the_default_class_latency():
     from autotuner.objective import score_window
-    window = TelemetryWindow(SLO(2.0, 0.25), clock=lambda: 60.0)
+    window = TelemetryWindow(SLO_, clock=lambda: 60.0)
     for r in RECORDS[:5]:                  # interactive: 1 of 3 met; batch: 1 of 2
         window.on_finish(r)
     summary = window.window(60.0)
@@ -65,8 +68,8 @@ def test_the_tuner_scores_a_mixed_window_by_class_weights_and_the_default_class_
     assert summary.tbt_p99_by_class["interactive"] == pytest.approx(0.5, abs=0.02)   # not batch's 1 s gaps
     summary = summary.__class__(**(vars(summary) | {"num_arrivals": 6, "arrival_rate_rps": 0.1}))
     headroom = 0.01 * (1 - 1.0 / 2.0)              # interactive P50 TTFT 1 s: its queueing room
-    even = score_window(summary, SLO(2.0, 0.25), {"interactive": 1.0, "batch": 1.0}, "interactive")
-    batch_heavy = score_window(summary, SLO(2.0, 0.25), {"interactive": 1.0, "batch": 3.0}, "interactive")
+    even = score_window(summary, SLO_, {"interactive": 1.0, "batch": 1.0}, "interactive")
+    batch_heavy = score_window(summary, SLO_, {"interactive": 1.0, "batch": 3.0}, "interactive")
     assert even.value == pytest.approx(2 / 5 * 5 / 6 + headroom, abs=1e-3)      # attainment x finished share
     assert batch_heavy.value == pytest.approx(4 / 9 * 5 / 6 + headroom, abs=1e-3)
     assert even.constraints["tbt_p99"] == pytest.approx(0.25, abs=0.02)           # the interactive class's

@@ -31,11 +31,13 @@ from autotuner.search_space import CONFIG
 from autotuner.tuner_service import TUNING_CONFIG_ENV, TunerService
 from serving.api_server import ApiConfig
 from engine.engine_config import EngineConfig
-from telemetry.window import SLO, TelemetryWindow
+from engine.slo_class import SloClass
+from telemetry.window import TelemetryWindow
 from tests.conftest import make_engine
 from policies import Knobs
 from tests.live_server import LiveServer, free_port
 
+SLO_ = SloClass(ttft_s=2.0, tbt_s=0.25)
 WINDOWS = dict(min_window_s=1.0, max_window_s=2.0, context_window_s=2.0, min_requests=2, min_tbt_samples=10,
                warm_start_trials=0, nothing_to_win=1.01)   # the tiny model meets the SLO: explore anyway
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +48,7 @@ PACKAGES = ("autotuner", "engine", "policies", "serving", "cluster", "simulation
 def daemon(tiny_hf, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("state")
     api = ApiConfig(served_model_name="tiny")
-    config = DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11, slo=SLO(2.0, 0.25))
+    config = DaemonConfig(EngineConfig(), api, peak_flops=1e12, peak_bandwidth=1e11, slo=SLO_)
     telemetry = DaemonTelemetry(config)
     tuner = TunerService(str(state_dir), config.slo, telemetry.metrics.registry, max_token_budget=256,
                          settings=ControllerSettings.load(**WINDOWS))
@@ -256,10 +258,10 @@ def test_a_failing_warm_start_is_counted_on_metrics_and_in_status(tmp_path, monk
     and in `tuner status`."""
     monkeypatch.setattr("autotuner.background.child_command", lambda: [sys.executable, "-c", "raise SystemExit(3)"])
     registry = CollectorRegistry()
-    tuner = TunerService(str(tmp_path), SLO(2.0, 0.25), registry, 512, ControllerSettings.load(background=True))
+    tuner = TunerService(str(tmp_path), SLO_, registry, 512, ControllerSettings.load(background=True))
     engine = SimpleNamespace(step_listeners=[], scheduler=SimpleNamespace(latest_knobs=Knobs()),
                              block_manager=SimpleNamespace(num_blocks=728, block_size=16))
-    tuner.start(engine, TelemetryWindow(SLO(2.0, 0.25)))
+    tuner.start(engine, TelemetryWindow(SLO_))
     tuner.stop()                         # the controller is driven here, not by its thread (it saw no traffic)
     assert not tuner.status()["running"]
     tuner.stop_event.clear()             # set, it would interrupt the background run

@@ -26,13 +26,14 @@ from autotuner.tuner_state import TunerState
 from loadgen.workload import generate, load_workload
 from policies import Knobs
 from serving.cli import main
-from telemetry.window import SLO, TelemetryWindow
+from engine.slo_class import SloClass
+from telemetry.window import TelemetryWindow
 from tests.live_server import free_port
 from simulation.cost_model import CostModel
 from tests.test_controller import sim_controller
 
 ROOT = Path(__file__).resolve().parent.parent
-SLO_ = SLO(2.0, 0.25)
+SLO_ = SloClass(ttft_s=2.0, tbt_s=0.25)
 
 
 def storage_failures(registry: CollectorRegistry) -> float:

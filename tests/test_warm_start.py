@@ -16,7 +16,8 @@ from autotuner.warm_start import (RATE_MARGIN, SimulatorWarmStart, WarmStartJob,
 from loadgen.workload import generate, load_workload
 from simulation.cost_model import CostModel
 from policies import Knobs
-from telemetry.window import SLO, TelemetryWindow
+from engine.slo_class import SloClass
+from telemetry.window import TelemetryWindow
 
 
 def study_with(results: list[tuple[int, float, float]]) -> optuna.Study:
@@ -49,9 +50,9 @@ def test_cold_start_budget_is_the_largest_chunk_within_the_tbt_slo():
     32-multiple whose chunk fits is 160 (0.17 s); with no budget fitting, the lowest."""
     cost = CostModel((0.01, 1e-3, 0.0, 0.0, 0.0, 0.0, 0.0))
     space = load_search_space()
-    assert slo_token_budget(cost, SLO(2.0, 0.2), space, 0.15) == 160
-    assert slo_token_budget(cost, SLO(2.0, 0.01), space, 0.15) == 32
-    assert slo_token_budget(cost, SLO(2.0, 100.0), space, 0.15) == 2048
+    assert slo_token_budget(cost, SloClass(ttft_s=2.0, tbt_s=0.2), space, 0.15) == 160
+    assert slo_token_budget(cost, SloClass(ttft_s=2.0, tbt_s=0.01), space, 0.15) == 32
+    assert slo_token_budget(cost, SloClass(ttft_s=2.0, tbt_s=100.0), space, 0.15) == 2048
 
 
 def test_simulated_controller_warm_starts_in_process(tmp_path):
@@ -60,7 +61,7 @@ def test_simulated_controller_warm_starts_in_process(tmp_path):
     specs = generate(load_workload("chat"), qps=1.0, duration_s=240, seed=3)
     settings = ControllerSettings.load(policy="adaptive", min_requests=10, min_tbt_samples=200, max_window_s=30.0,
                                        warm_start_trials=4, warm_start_enqueue=2)
-    controller, _, _ = tune_on_simulator(specs, cost, str(tmp_path), SLO(2.0, 0.25), settings)
+    controller, _, _ = tune_on_simulator(specs, cost, str(tmp_path), SloClass(ttft_s=2.0, tbt_s=0.25), settings)
     sources = [t.user_attrs.get("source") for t in controller.study.trials]
     # the second window measures the next pick, or re-measures the first if it served every request
     assert sources[0] == "warm-start" and sources[1] in ("warm-start", "recheck")
@@ -72,7 +73,7 @@ def test_warm_start_search_finds_what_a_grid_search_finds(tmp_path):
     serves that same simulated workload within 10% of the goodput of the best point of the offline
     grid (budgets x prefill priorities). The knobs serving at entry (a 32-token budget) are well
     below that, so the search, not its first candidate, has to find it."""
-    slo = SLO(2.0, 0.25)
+    slo = SloClass(ttft_s=2.0, tbt_s=0.25)
     cost = CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
     space = load_search_space()
     sim = make_simulator(cost, "adaptive", Knobs(token_budget=32), slo)
@@ -114,9 +115,9 @@ def test_the_warm_start_simulates_the_prefix_cache_hits_it_observed():
     observed = [(600, 40, 512), (540, 30, 512), (620, 50, 512), (80, 20, 0)]     # a 512-token system prompt
     specs = observed_workload(observed, rate_rps=0.2, num_requests=60)
     assert {s.prefix_tokens for s in specs} <= {512, 0} and any(s.prefix_group for s in specs)
-    cached = simulate(specs, cost, "deadline", Knobs(), SLO(2.0, 0.25))
+    cached = simulate(specs, cost, "deadline", Knobs(), SloClass(ttft_s=2.0, tbt_s=0.25))
     uncached = simulate(observed_workload([(p, o) for p, o, _ in observed], 0.2, num_requests=60), cost, "deadline",
-                        Knobs(), SLO(2.0, 0.25))
+                        Knobs(), SloClass(ttft_s=2.0, tbt_s=0.25))
     hits = sum(r.num_cached_tokens for r in cached.records) / sum(r.num_prompt_tokens for r in cached.records)
     assert 0.5 < hits < 0.9 and sum(r.num_cached_tokens for r in uncached.records) == 0
     assert cached.summary.ttft_p50_s < 0.5 * uncached.summary.ttft_p50_s
