@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import httpx
 import psutil
@@ -225,6 +226,40 @@ def main() -> None:
     if args.json:
         results_file.write(args.json, result)     # + meta: machine, commit, date, command
     sys.exit(0 if result["passed"] else 1)
+
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/operations.md's soak figures of a results file (benchmarks/render_docs.py)."""
+    r = results_file.read(sources[0])
+    plan, counts, good, mem = r["plan"], r["counts"], r["goodput_of_accepted"], r["memory"]
+    drained, after, log = r["drain"], r["request_after"], r["daemon_log"]
+    status = ", ".join(f"{n} x {code}" for code, n in sorted(counts["status"].items()))
+    kinds = ", ".join(f"{kind.replace('_', ' ')} " + ", ".join(f"{n} x {code}" for code, n in by_code.items())
+                      for kind, by_code in counts["status_by_malformed"].items())
+    capacity = r["capacity"]
+    return "\n".join([
+        f"- Load: {counts['requests']} requests over {plan['duration_s']:.0f} s at {plan['rate_qps']:.4g} req/s "
+        f"({plan['rate_qps'] / capacity['capacity_qps']:.2g}x the capacity of {capacity['capacity_qps']:g} req/s, "
+        f"{'given' if capacity.get('given') else 'measured'}), {plan['burst_factor']:g}x for {plan['burst_s']:.0f} s "
+        f"every {plan['burst_every_s']:.0f} s; {plan['disconnect_share']:.0%} of clients leaving mid-stream, "
+        f"{plan['malformed_share']:.0%} malformed or invalid.",
+        f"- Status: {status}, **{counts['http_5xx']} x 5xx**, {counts['stream_errors']} stream errors, "
+        f"{counts['transport_errors']} dropped connections; the daemon's log had {log['errors']} errors and "
+        f"{log['tracebacks']} tracebacks. Each malformed kind: {kinds}.",
+        f"- Memory: {mem['baseline_mib']:.1f} MiB after the warm-up, {mem['final_mib']:.1f} MiB at the end "
+        f"(**{mem['growth']:+.1%}**, peak {mem['peak_growth']:+.1%}; bound 5%).",
+        f"- After the drain: {drained['num_requests_running']:.0f} running, {drained['num_requests_waiting']:.0f} "
+        f"waiting, **KV usage {drained['kv_cache_usage_perc']:g}**; a request right after the soak: "
+        f"{after['status']}, {after['completion_tokens']} tokens in {after['seconds']:.2f} s, /health "
+        f"{after['health']}; SIGTERM ended the daemon with **{r['exit_code']}**.",
+        f"- Goodput of the accepted requests: {good['goodput_rps']:.2f} req/s within the SLO "
+        f"({good['slo_attainment']:.0%} of them; P50 TTFT {good['ttft_p50_s']:.0f} s, P99 TBT "
+        f"{good['tbt_p99_s']:.2f} s); {counts['client_timeouts']} normal clients hit their "
+        f"{plan['client_timeout_s']:.0f} s timeout.",
+        f"- Verdicts: " + ", ".join(f"{k.replace('_', ' ')} {'yes' if v else 'NO'}" for k, v in r["verdicts"].items())
+        + f"; **{'passed' if r['passed'] else 'failed'}**.",
+    ])
 
 
 if __name__ == "__main__":
