@@ -197,7 +197,6 @@ def plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-
 # the targets for the planner's goodput per replica-hour (docs/cluster.md, "Sizing the fleet")
 TARGET_VS_STATIC, TARGET_VS_RAY = 1.5, 1.2
 

@@ -228,7 +228,6 @@ def main() -> None:
     sys.exit(0 if result["passed"] else 1)
 
 
-
 def render_doc(sources: list[Path]) -> str:
     """docs/operations.md's soak figures of a results file (benchmarks/render_docs.py)."""
     r = results_file.read(sources[0])
