@@ -23,6 +23,7 @@ from loadgen.workload import RequestSpec
 from simulation.cost_model import CostModel
 from engine.outputs import RequestRecord
 from policies import Knobs
+from policies.step_shape import attended_pairs, context_tokens
 from engine.slo_class import SloClass
 from telemetry.window import WindowSummary
 
@@ -58,7 +59,7 @@ def slo_token_budget(cost: CostModel, slo: SloClass, space: SearchSpace, headroo
         return None
     step = budget.step or 1
     fits = [b for b in range(int(budget.low), int(budget.high) + 1, step)
-            if cost.predict_counts(b, 0, 1, b, b * (b + 1) // 2, 1) <= (1 - headroom) * slo.tbt_s]
+            if cost.predict_counts(b, 0, 1, context_tokens(b, 0), attended_pairs(b, 0), 1) <= (1 - headroom) * slo.tbt_s]
     return max(fits, default=int(budget.low))
 
 

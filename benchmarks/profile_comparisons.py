@@ -12,6 +12,7 @@ profile does not claim to reproduce, and by how much it differs (docs/hardware_p
 
 from __future__ import annotations
 
+from policies.step_shape import attended_pairs, context_tokens
 from simulation.hardware_profile import Measure
 from simulation.profile_checks import measure_ms
 from simulation.profile_cost_model import ProfileCostModel
@@ -38,11 +39,10 @@ def niyama_ms(prefill: int, decodes: int, decode_context: int) -> float:
 
 
 def ours_ms(model: ProfileCostModel, prefill: int, decodes: int, decode_context: int) -> float:
-    attended = decodes * (decode_context + 1)
-    chunk_pairs = prefill * (prefill + 1) // 2
-    sampled = decodes + (1 if prefill else 0)
-    seqs = decodes + (1 if prefill else 0)
-    return 1e3 * model.predict_counts(prefill, decodes, sampled, attended + prefill, attended + chunk_pairs, seqs)
+    seqs = decodes + (1 if prefill else 0)     # each sequence samples: the prefill is a whole prompt at context 0
+    context = decodes * context_tokens(1, decode_context) + context_tokens(prefill, 0)
+    pairs = decodes * attended_pairs(1, decode_context) + attended_pairs(prefill, 0)
+    return 1e3 * model.predict_counts(prefill, decodes, seqs, context, pairs, seqs)
 
 
 def main() -> None:

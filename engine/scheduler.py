@@ -21,6 +21,7 @@ from engine.error_budget import ErrorBudget
 from engine.request import FinishReason, Request, RequestStatus
 from policies import BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
+from policies.step_shape import attended_pairs, context_tokens, samples
 from policies.view import StepCost, is_decode_work
 
 
@@ -32,7 +33,7 @@ class ScheduledRequest(NamedTuple):   # a named tuple: made for every request ev
     @property
     def samples(self) -> bool:
         """This chunk reaches the last known token, so the step yields a new token for it."""
-        return self.context_len + self.num_tokens == self.request.num_tokens
+        return samples(self.num_tokens, self.context_len, self.request.num_tokens)
 
     @property
     def is_decode(self) -> bool:
@@ -69,22 +70,19 @@ class ScheduleResult:
     @staticmethod
     def of(scheduled: list[ScheduledRequest], num_preempted: int, knobs: Knobs, policy: str,
            cache: CacheStep | None = None) -> ScheduleResult:
-        """Orders `scheduled` in place, decodes first (stable), and sums what the step computes.
-        One pass with `samples` inlined: it runs for every request every step."""
+        """Orders `scheduled` in place, decodes first (stable), and sums what the step computes
+        (policies.step_shape per request). One pass, `num_tokens` read off the fields: it runs for
+        every request every step."""
         decodes, others = [], []
         tokens = context = pairs = sampled = 0
         for s in scheduled:
             n, c, request = s.num_tokens, s.context_len, s.request
             num_prompt = request.num_prompt_tokens
-            if is_decode_work(n, c, num_prompt):
-                decodes.append(s)
-                pairs += c + 1
-            else:
-                others.append(s)
-                pairs += n * c + n * (n + 1) // 2
+            (decodes if is_decode_work(n, c, num_prompt) else others).append(s)
             tokens += n
-            context += c + n
-            sampled += c + n == num_prompt + len(request.output_token_ids)
+            context += context_tokens(n, c)
+            pairs += attended_pairs(n, c)
+            sampled += samples(n, c, num_prompt + len(request.output_token_ids))
         scheduled[:] = decodes + others
         return ScheduleResult(scheduled, num_preempted, knobs, policy, len(decodes), tokens, context, pairs, sampled,
                               cache or NO_CACHE_STEP)

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from policies.knobs import Knobs
 from policies.plan import BatchPlan
 from policies.step_builder import StepBuilder
+from policies.step_shape import attended_pairs, context_tokens, samples
 from policies.view import SchedulerView, SequenceState, StepCost, remaining_tokens
 
 UNBOUNDED = math.inf
@@ -49,7 +50,8 @@ PACE_PROBE = 64        # prefill tokens over which the per-token cost of a chunk
 
 
 class StepTime:
-    """The shape of the step planned so far, priced by the step-time model."""
+    """The shape of the step planned so far (policies.step_shape summed, as the scheduler will),
+    priced by the step-time model."""
 
     def __init__(self, cost: StepCost) -> None:
         self.cost = cost
@@ -58,9 +60,12 @@ class StepTime:
     def add_decodes(self, decodes: Sequence[SequenceState], now: float) -> float:
         """Adds them; returns the smallest TBT slack among them (their TBT target minus the time since
         their last token; unbounded if none has a token yet). One pass: every decode, every step."""
-        context, slack = 0, UNBOUNDED
+        context = pairs = 0
+        slack = UNBOUNDED
         for seq in decodes:
-            context += seq.num_computed_tokens + 1
+            c = seq.num_computed_tokens
+            context += context_tokens(1, c)
+            pairs += attended_pairs(1, c)
             last = seq.last_token_time
             if last is not None:
                 slack = min(slack, seq.tbt_target_s - (now - last))
@@ -68,7 +73,7 @@ class StepTime:
         self.decode += n
         self.sampled += n
         self.context += context
-        self.pairs += context
+        self.pairs += pairs
         self.seqs += n
         return slack
 
@@ -79,16 +84,16 @@ class StepTime:
     def with_chunk(self, seq: SequenceState, n: int) -> float:
         """The step's predicted time if `seq` also gets an `n`-token prefill chunk."""
         c = seq.num_computed_tokens
-        return self.cost.predict_counts(self.prefill + n, self.decode, self.sampled + (c + n == seq.num_tokens),
-                                        self.context + c + n, self.pairs + n * c + n * (n + 1) // 2,
+        return self.cost.predict_counts(self.prefill + n, self.decode, self.sampled + samples(n, c, seq.num_tokens),
+                                        self.context + context_tokens(n, c), self.pairs + attended_pairs(n, c),
                                         self.seqs + 1)
 
     def add_chunk(self, seq: SequenceState, n: int) -> None:
         c = seq.num_computed_tokens
         self.prefill += n
-        self.sampled += c + n == seq.num_tokens
-        self.context += c + n
-        self.pairs += n * c + n * (n + 1) // 2
+        self.sampled += samples(n, c, seq.num_tokens)
+        self.context += context_tokens(n, c)
+        self.pairs += attended_pairs(n, c)
         self.seqs += 1
 
     def largest_chunk(self, seq: SequenceState, limit: int, target: float) -> int:

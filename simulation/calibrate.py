@@ -28,6 +28,7 @@ from engine.quantized_linear import CROSSOVER_ROWS   # step rows timed on both p
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledRequest, ScheduleResult
+from policies.step_shape import attended_pairs, context_tokens
 from telemetry.other_load import OtherLoad
 
 log = logging.getLogger(__name__)
@@ -57,11 +58,10 @@ class GridPoint:
 
     def shape(self) -> StepShape:
         """What the point's step computes (StepShape.of_schedule of build_step's requests, unbuilt)."""
-        n, c = self.chunk, self.chunk_context
-        return StepShape(num_prefill_tokens=n, num_decode_tokens=self.decodes, num_sampled=self.decodes + (n > 0),
-                         context_tokens=self.decodes * (self.decode_context + 1) + (n + c if n else 0),
-                         attended_pairs=self.decodes * (self.decode_context + 1) + (n * c + n * (n + 1) // 2),
-                         num_seqs=self.decodes + (n > 0))
+        n, c, d, dc = self.chunk, self.chunk_context, self.decodes, self.decode_context
+        return StepShape(num_prefill_tokens=n, num_decode_tokens=d, num_sampled=d + (n > 0),
+                         context_tokens=d * context_tokens(1, dc) + (context_tokens(n, c) if n else 0),
+                         attended_pairs=d * attended_pairs(1, dc) + attended_pairs(n, c), num_seqs=d + (n > 0))
 
 
 def grid(max_kv_blocks: int, block_size: int, max_tokens: int, num_points: int, seed: int = 0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.step_shape import attended_pairs, context_tokens
 from simulation.hardware_profile import Check, HardwareProfile, Measure
 from simulation.profile_cost_model import ProfileCostModel
 
@@ -44,11 +45,11 @@ def measure_ms(model: ProfileCostModel, m: Measure) -> float:
     if m.kind == "linear":
         seconds = t.linear_s(m.tokens)
     elif m.kind == "decode":
-        attended = m.batch * (m.context + 1)         # each sequence reads its cache and its new token
-        seconds = model.predict_counts(0, m.batch, m.batch, attended, attended, m.batch)
+        b, c = m.batch, m.context
+        seconds = model.predict_counts(0, b, b, b * context_tokens(1, c), b * attended_pairs(1, c), b)
     elif m.kind == "prefill":
         n, c = m.tokens, m.context
-        seconds = model.predict_counts(n, 0, 1, c + n, n * c + n * (n + 1) // 2, 1)
+        seconds = model.predict_counts(n, 0, 1, context_tokens(n, c), attended_pairs(n, c), 1)
     elif m.kind == "allreduce":
         ar = model.profile.hardware.allreduce_for(model.tp)
         seconds = ar.latency_us * 1e-6 + m.bytes / (ar.bandwidth_gbs * 1e9)

@@ -25,6 +25,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduleResult, Scheduler
 from engine.slo_class import SloClasses, shipped_slo_classes
 from policies import Knobs
+from policies.step_shape import attended_pairs, context_tokens
 
 IDLE_TICK_S = 0.001   # how far the clock moves when a policy schedules nothing while work waits
 
@@ -160,7 +161,8 @@ class Simulator:
         while running and self.now < stop_at and not scheduler.has_pending_change:
             if steps_to_finish == 0:     # the batch is new: sum what its steps depend on
                 batch = len(running)
-                context = sum(r.num_computed_tokens for r in running)
+                context = sum(context_tokens(1, r.num_computed_tokens) for r in running)   # the next step's
+                pairs = sum(attended_pairs(1, r.num_computed_tokens) for r in running)
                 tolerated = sum(r.tbt_tolerance for r in running)
                 tightest_tbt = min(r.tbt_target_s for r in running)
                 steps_to_finish = min(r.max_tokens - len(r.output_token_ids) for r in running)
@@ -169,9 +171,8 @@ class Simulator:
                 break
             step += 1
             steps_to_finish -= 1
-            context += batch            # each sequence attends to one more token than last step
             start = self.now
-            duration = self.cost.predict_counts(0, batch, batch, context, context, batch)
+            duration = self.cost.predict_counts(0, batch, batch, context, pairs, batch)
             self.now = now = start + duration
             gap = now - start           # every sequence's last token came at the end of the last step
             long = [r for r in running if gap > r.tbt_target_s] if gap > tightest_tbt else ()
@@ -188,11 +189,13 @@ class Simulator:
                 record = StepRecord(**(fields | {
                     "step": self.num_steps - 1, "start": start, "duration_s": duration, "forward_s": duration,
                     "num_decode_tokens": batch, "num_sampled": batch, "num_running": len(running),
-                    "kv_usage": self.blocks.usage, "context_tokens": context, "attended_pairs": context,
+                    "kv_usage": self.blocks.usage, "context_tokens": context, "attended_pairs": pairs,
                     "token_gaps": (gap,) * batch}))
                 for listener in self.step_listeners:
                     listener(record)
         self._give_tokens(running, pending)
+            context += batch            # the step after: each decode reads one more token and attends to
+            pairs += batch              # one more key, attended_pairs(1, c + 1) - attended_pairs(1, c)
 
     def _by_block_boundary(self, running: list[Request], step: int) -> list[list[Request]]:
         """The running requests by the coasted step (mod block size) at which their next token needs

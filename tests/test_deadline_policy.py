@@ -13,14 +13,15 @@ from engine.block_manager import BlockManager
 from simulation.cost_model import CostModel
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledRequest, ScheduleResult, Scheduler
 from engine.slo_class import SloClass
 from policies import Knobs, SchedulerView
 from policies.deadline import DeadlinePolicy, StepTime
 
-# 20 ms a step + 1 ms a token + 0.1 ms a sequence + a little per context token: linear, so the
-# numbers below can be checked by hand
-COST = CostModel((0.02, 1e-3, 0.0, 0.0, 1e-6, 0.0, 1e-4))
+# 20 ms a step + 1 ms a token + 0.1 ms a sequence + a little per context token and per attended
+# (query, key) pair (1 ms per million, so a mispriced chunk shows): linear, so the numbers below can
+# be checked by hand
+COST = CostModel((0.02, 1e-3, 0.0, 0.0, 1e-6, 1e-9, 1e-4))
 INTERACTIVE = SloClass("interactive", 2.0, 0.25)
 BATCH = SloClass("batch", 30.0, 2.0)
 NOW = 100.0
@@ -47,17 +48,27 @@ def view(running, queue, tolerated: float = 0.0, long: int = 0, cost=COST) -> Sc
                          cost=cost, tolerated_long_gaps=tolerated, long_gaps=long)
 
 
-def predicted(v: SchedulerView, plan) -> float:
-    """The plan's step time under COST, computed as the scheduler would (ScheduleResult.of)."""
-    by_id = {s.request_id: s for s in [*v.running, *v.waiting]}
-    time = StepTime(COST)
-    for chunk in plan.scheduled:
-        seq = by_id[chunk.request_id]
-        if chunk.num_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens:
-            time.add_decodes([seq], NOW)
+def by_hand(chunks: list[tuple[Request, int]]) -> float:
+    """COST of a step giving each request n new tokens, its shape counted from the definitions, not
+    with the code under test: new token i (1..n) of a request with c tokens cached attends to c + i
+    keys; the step reads c + n tokens of its KV cache; it samples when c + n reaches its last token."""
+    prefill = decode = sampled = context = pairs = 0
+    for seq, n in chunks:
+        c = seq.num_computed_tokens
+        if n == 1 and c >= seq.num_prompt_tokens:
+            decode += 1
         else:
-            time.add_chunk(seq, chunk.num_tokens)
-    return time.seconds()
+            prefill += n
+        sampled += c + n == seq.num_tokens
+        context += c + n
+        pairs += sum(c + i for i in range(1, n + 1))
+    return COST.predict_counts(prefill, decode, sampled, context, pairs, len(chunks))
+
+
+def predicted(v: SchedulerView, plan) -> float:
+    """The plan's step time under COST, its shape counted by hand."""
+    by_id = {s.request_id: s for s in [*v.running, *v.waiting]}
+    return by_hand([(by_id[chunk.request_id], chunk.num_tokens) for chunk in plan.scheduled])
 
 
 def prefill_tokens(plan) -> int:
@@ -82,9 +93,51 @@ def test_step_fits_the_tightest_slack_or_carries_no_prefill(since, prompts, head
     if prefill_tokens(plan):
         assert predicted(v, plan) <= target + 1e-9
     else:   # either nothing more fits, or the decodes alone already overrun the target
-        one_more = StepTime(COST)
-        one_more.add_decodes(scheduled_decodes, NOW)
-        assert plan.num_tokens == budget or one_more.with_chunk(v.waiting[0], 1) > target
+        assert plan.num_tokens == budget or by_hand([(r, 1) for r in scheduled_decodes] + [(v.waiting[0], 1)]) > target
+
+
+class Recording:
+    """A step-time model that records the shapes it is asked about."""
+
+    tile_tokens = 1
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, ...]] = []
+
+    def predict_counts(self, *counts: int) -> float:
+        self.shapes.append(counts)
+        return 0.0
+
+
+def two_decodes_and_two_chunks() -> tuple[list[Request], Request, Request]:
+    """Two decodes at context 50 (each reads 51 tokens, 51 pairs), the first 100 tokens of a
+    2000-token prompt (100 tokens, 1 + 2 + ... + 100 = 5050 pairs) and the last 100 of another
+    (2000 tokens read, 100 x 1900 + 5050 = 195050 pairs, and it samples)."""
+    last = waiting(1, 2000)
+    last.num_computed_tokens = 1900
+    return [decode(0, 0.0), decode(1, 0.0)], waiting(0, 2000), last
+
+
+def test_step_time_prices_the_shape_counted_by_hand():
+    decodes, first, last = two_decodes_and_two_chunks()
+    model = Recording()
+    time = StepTime(model)
+    time.add_decodes(decodes, NOW)
+    time.with_chunk(first, 100)
+    time.add_chunk(first, 100)
+    time.with_chunk(last, 100)
+    # (prefill, decode, sampled, context, pairs, seqs)
+    assert model.shapes == [(100, 2, 2, 102 + 100, 102 + 5050, 3),
+                            (200, 2, 3, 102 + 100 + 2000, 102 + 5050 + 195050, 4)]
+
+
+def test_the_scheduler_records_the_shape_counted_by_hand():
+    decodes, first, last = two_decodes_and_two_chunks()
+    result = ScheduleResult.of([ScheduledRequest(first, 100, 0), ScheduledRequest(decodes[0], 1, 50),
+                                ScheduledRequest(last, 100, 1900)], 0, Knobs(), "deadline")
+    assert [s.request for s in result.scheduled] == [decodes[0], first, last]     # decodes first
+    assert (result.num_decode_tokens, result.num_tokens, result.num_sampled) == (1, 201, 2)
+    assert (result.context_tokens, result.attended_pairs) == (51 + 100 + 2000, 51 + 5050 + 195050)
 
 
 def test_a_late_request_shrinks_the_next_step():

@@ -1,0 +1,27 @@
+"""What one request's share of a step computes: the one place a step's shape is defined.
+
+A request gets `n` new tokens on top of `c` already in its KV cache (a decode is n = 1). The
+scheduler sums these into the step it records (engine.scheduler.ScheduleResult), the deadline
+policy into the step it prices before planning it (policies.deadline.StepTime), and calibration,
+profile checks and the warm start into the steps they ask a cost model about. Plain functions of
+ints: the scheduler calls them for every request every step.
+"""
+
+from __future__ import annotations
+
+
+def context_tokens(n: int, c: int) -> int:
+    """Tokens the request's attention reads from the KV cache: its context and its new tokens."""
+    return c + n
+
+
+def attended_pairs(n: int, c: int) -> int:
+    """(query, key) pairs its attention computes: new token i (1..n) sees the context and the chunk
+    up to itself, c + i keys. A decode's pairs are its context read: attended_pairs(1, c) == c + 1."""
+    return n * c + n * (n + 1) // 2
+
+
+def samples(n: int, c: int, num_tokens: int) -> bool:
+    """Whether the chunk reaches the request's last known token (of `num_tokens`, prompt and outputs
+    so far), so the step samples a new token for it."""
+    return c + n == num_tokens
