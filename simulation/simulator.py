@@ -193,9 +193,9 @@ class Simulator:
                     "token_gaps": (gap,) * batch}))
                 for listener in self.step_listeners:
                     listener(record)
-        self._give_tokens(running, pending)
             context += batch            # the step after: each decode reads one more token and attends to
             pairs += batch              # one more key, attended_pairs(1, c + 1) - attended_pairs(1, c)
+        self._give_tokens(running, pending)
 
     def _by_block_boundary(self, running: list[Request], step: int) -> list[list[Request]]:
         """The running requests by the coasted step (mod block size) at which their next token needs
