@@ -31,10 +31,12 @@ included: the GGUF's quantized weights by default) and run with that calibration
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
 from bench_common import MachineInfo, OtherLoad, emit_summary, replay_open_loop
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -280,6 +282,29 @@ def main() -> None:
                "live": live(args, engines) if "live" in args.sections else None,
                "bracket": bracket(args, engines) if "bracket" in args.sections else None}
     emit_summary(summary, args.json)
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/prefix_caching.md's simulated capacity table and bookkeeping line of a results file
+    written with `--sections capacity bookkeeping` (benchmarks/render_docs.py)."""
+    r = json.loads(Path(sources[0]).read_text())
+    cost, lines = r["cost_model"], []
+    if r.get("capacity"):
+        lines += [f"Simulated, {r['policy']} policy (token cap {r['token_budget']}), steps priced with the cost model "
+                  f"of the {cost['weights']} weights path (seed {r['seed']}):", "",
+                  "| workload | caching on (req/s) | off (req/s) | on / off |", "| --- | --- | --- | --- |"]
+        for row in r["capacity"]:
+            ratio = row["on_over_off"]
+            lines.append(f"| {row['workload']} | {row['on']['capacity_qps']:.3f} | {row['off']['capacity_qps']:.3f} | "
+                         + (f"**{ratio:.2f}x** |" if ratio and round(ratio, 2) != 1 else
+                            f"{ratio:.2f}x |" if ratio else "- |"))
+    b = r.get("bookkeeping")
+    if b:
+        lines += ["" if lines else None, f"Bookkeeping, model-free (median of {b['rounds']} rounds, "
+                  f"{r['machine']['cpu_model']}, {r['machine']['nproc']} cores, 1-minute load average "
+                  f"{r['machine']['load_avg_1m']:.1f}): {1e3 * b['on_s_per_step']:.2f} ms a step with caching against "
+                  f"{1e3 * b['off_s_per_step']:.2f} ms without, **{1e3 * b['added_s_per_step']:.2f} ms added**."]
+    return "\n".join(x for x in lines if x is not None)
 
 
 if __name__ == "__main__":
