@@ -28,6 +28,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.outputs import StepRecord
 from policies import Knobs
 from telemetry.model_cost import ModelCost
+from telemetry.model_shape import ModelShape
 
 SECTIONS = ("matmul", "int8", "profile")
 
@@ -188,10 +189,10 @@ def run_int8(num_prompts: int, tokens: int, seconds: float) -> dict:
 def run_profile(steps: int) -> dict:
     other = OtherLoad()
     e = engine(budget=512)
-    cost = ModelCost(e.model_config, 4)
-    c = e.model_config
-    per_token = 2 * cost.layer_matmul_params / 1e9                      # decoder-layer linears, per token
-    lm_head = 2 * c.hidden_size * c.vocab_size / 1e9                     # per sampled row
+    shape = ModelShape.of(e.model_config)
+    cost = ModelCost(shape, 4)
+    per_token = 2 * shape.linear_params / 1e9                           # decoder-layer linears, per token
+    lm_head = 2 * shape.head_params / 1e9                               # per sampled row
     print(f"\nmodel FLOPs (telemetry/model_cost.py): {per_token:.3f} GFLOP per token in the decoder layers' "
           f"linears, {lm_head:.4f} GFLOP per sampled row in the LM head")
     prompts = build_prompts(e.tokenizer.encode, 32, 200, 0)

@@ -17,11 +17,12 @@ from dataclasses import replace
 
 from scipy.optimize import brentq
 
-from simulation.hardware_profile import HardwareProfile, ModelShape, load_profile
+from simulation.hardware_profile import HardwareProfile, ProfileModel, load_profile
 from simulation.profile_cost_model import StepTerms
+from telemetry.model_shape import ModelShape
 
-LLAMA2_7B = ModelShape("Llama-2-7B", 32, 4096, 11008, 32, 32, 128, 32000, 13.5e9)
-LLAMA3_8B = ModelShape("Llama-3-8B", 32, 4096, 14336, 32, 8, 128, 128256, 16.06e9)
+LLAMA2_7B = ProfileModel("Llama-2-7B", ModelShape(32, 4096, 11008, 32, 32, 128, 32000), 13.5e9)
+LLAMA3_8B = ProfileModel("Llama-3-8B", ModelShape(32, 4096, 14336, 32, 8, 128, 128256), 16.06e9)
 # GPU -> (profile that carries it, the model Vidur profiled, 1-token linear ms at TP1 and TP8)
 TP_SWEEPS = {"H100": ("h100-llama3.1-8b", LLAMA2_7B, 5.6, 1.3),      # vidur h100/Llama-2-7b-hf/mlp.csv
              "A100": ("a100-mistral-7b", LLAMA3_8B, 9.7, 2.1)}       # vidur a100/Meta-Llama-3-8B/mlp.csv
@@ -31,11 +32,11 @@ GEMM_FIGURES = {"h100-llama3.1-8b": (43.7, 256, 9.9), "a100-mistral-7b": (141.8,
 NIYAMA_B0_MS = 14.936                       # facts: Niyama's intercept, steps <= 512 tokens
 
 
-def bandwidth_and_layer_overhead(profile: HardwareProfile, shape: ModelShape, tp1_ms: float,
+def bandwidth_and_layer_overhead(profile: HardwareProfile, model: ProfileModel, tp1_ms: float,
                                  tp8_ms: float) -> tuple[float, float]:
     weights_ms = (tp1_ms - tp8_ms) / (1 - 1 / 8)
-    bandwidth = shape.layers * shape.layer_params * shape.bytes_per_param / (weights_ms * 1e-3)
-    return bandwidth / (profile.hardware.hbm_tbs * 1e12), (tp1_ms - weights_ms) * 1e3 / shape.layers
+    bandwidth = model.shape.linear_params * model.bytes_per_param / (weights_ms * 1e-3)
+    return bandwidth / (profile.hardware.hbm_tbs * 1e12), (tp1_ms - weights_ms) * 1e3 / model.shape.num_layers
 
 
 def linear_ms(profile: HardwareProfile, tokens: int, **hardware) -> float:
@@ -59,9 +60,9 @@ def compute_and_knee(profile: HardwareProfile, at_2048_ms: float, tokens: int,
 
 def main() -> None:
     sweeps = {}
-    for gpu, (name, shape, tp1, tp8) in TP_SWEEPS.items():
+    for gpu, (name, model, tp1, tp8) in TP_SWEEPS.items():
         profile = load_profile(name)
-        fraction, layer_us = bandwidth_and_layer_overhead(profile, shape, tp1, tp8)
+        fraction, layer_us = bandwidth_and_layer_overhead(profile, model, tp1, tp8)
         sweeps[profile.hardware.name] = (fraction, layer_us)
         print(f"{gpu}: weight_bandwidth_fraction {fraction:.3f} (ships {profile.hardware.weight_bandwidth_fraction}), "
               f"layer_overhead_us {layer_us:.1f} (ships {profile.hardware.layer_overhead_us})")
@@ -77,7 +78,8 @@ def main() -> None:
               f"roofline_knee {knee:.2f} (ships {hw.roofline_knee}); a plain max() roofline would predict "
               f"{plain_max:.1f} ms at {tokens} tokens against the published {at_tokens} ms")
     a100 = load_profile("a100-mistral-7b")
-    as_llama3 = replace(a100, model=replace(a100.model, vocab=LLAMA3_8B.vocab))     # Niyama fitted Llama-3-8B
+    llama3_vocab = replace(a100.model.shape, vocab_size=LLAMA3_8B.shape.vocab_size)   # Niyama fitted Llama-3-8B
+    as_llama3 = replace(a100, model=replace(a100.model, shape=llama3_vocab))
     terms = StepTerms.of(as_llama3, 1)
     gpu_ms = 1e3 * (terms.linear_s(1) + terms.head_s(1))
     print(f"a100-mistral-7b: step_us {1e3 * (NIYAMA_B0_MS - gpu_ms):.0f} (ships {a100.overheads.step_us:.0f}): "

@@ -17,9 +17,14 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from telemetry.model_shape import ModelShape
+
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware_profiles"
 ROLES = ("calibration", "held-out")
 MEASURES = ("linear", "decode", "prefill", "allreduce")
+# a profile file's `model:` keys for ModelShape's fields (which are the engine's ModelConfig names)
+SHAPE_KEYS = {"layers": "num_layers", "hidden": "hidden_size", "intermediate": "intermediate_size",
+              "heads": "num_heads", "kv_heads": "num_kv_heads", "head_dim": "head_dim", "vocab": "vocab_size"}
 
 
 @dataclass(frozen=True)
@@ -54,32 +59,18 @@ class Hardware:
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class ProfileModel:
+    """The profiled model: its shape and how its weights sit in HBM."""
+
     name: str
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
+    shape: ModelShape
     parameter_bytes: float              # every weight, embeddings included (what sits in HBM)
     dtype: str = "bf16"
     bytes_per_param: int = 2
 
-    @property
-    def layer_params(self) -> int:
-        """Weights of one decoder layer's linear layers (QKV, output, gate/up, down)."""
-        h, d = self.hidden, self.head_dim
-        return h * d * (self.heads + 2 * self.kv_heads) + self.heads * d * h + 3 * h * self.intermediate
-
-    def kv_heads_per_gpu(self, tp: int) -> float:
-        """KV heads are split across TP ranks, and replicated once there are more ranks than heads."""
-        return max(1.0, self.kv_heads / tp)
-
     def kv_bytes_per_token(self, tp: int = 1) -> float:
         """K and V of one token, all layers, on one GPU."""
-        return 2 * self.layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.bytes_per_param
+        return self.shape.kv_values_per_token(tp) * self.bytes_per_param
 
 
 @dataclass(frozen=True)
@@ -118,7 +109,7 @@ class HardwareProfile:
     name: str
     description: str
     hardware: Hardware
-    model: ModelShape
+    model: ProfileModel
     tp: int
     overheads: Overheads
     checks: tuple[Check, ...] = ()
@@ -167,7 +158,7 @@ def parse_profile(data: Any, name: str) -> HardwareProfile:
         name=str(data.get("name", name)),
         description=str(data.get("description", "")),
         hardware=_build(Hardware, hw, f"{where}: hardware"),
-        model=_build(ModelShape, data.get("model"), f"{where}: model"),
+        model=_profile_model(data.get("model"), f"{where}: model"),
         tp=int(data.get("tp", 1)),
         overheads=_build(Overheads, data.get("overheads"), f"{where}: overheads"),
         checks=tuple(_check(c, where) for c in data.get("checks") or ()),
@@ -183,7 +174,7 @@ def parse_profile(data: Any, name: str) -> HardwareProfile:
 
 def validate(p: HardwareProfile) -> None:
     where = f"hardware profile {p.name}"
-    hw, m, o = p.hardware, p.model, p.overheads
+    hw, m, o = p.hardware, p.model.shape, p.overheads
     fractions = (hw.weight_bandwidth_fraction, hw.compute_fraction, hw.attention_bandwidth_fraction,
                  hw.attention_compute_fraction, o.gpu_memory_utilization)
     if not all(0 < f <= 1 for f in fractions):
@@ -192,9 +183,10 @@ def validate(p: HardwareProfile) -> None:
             and hw.layer_overhead_us >= 0 and hw.gemm_tile_tokens >= 1):
         raise ValueError(f"{where}: peak, bandwidth and memory must be > 0, roofline_knee >= 1, "
                          f"layer_overhead_us >= 0, gemm_tile_tokens >= 1")
-    if min(m.layers, m.hidden, m.intermediate, m.heads, m.kv_heads, m.head_dim, m.vocab) < 1 or m.heads % m.kv_heads:
+    if min(m.num_layers, m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim,
+           m.vocab_size) < 1 or m.num_heads % m.num_kv_heads:
         raise ValueError(f"{where}: model dimensions must be >= 1 and heads a multiple of kv_heads")
-    if p.tp < 1 or m.heads % p.tp or (p.tp > 1 and not any(a.tp == p.tp for a in hw.allreduce)):
+    if p.tp < 1 or m.num_heads % p.tp or (p.tp > 1 and not any(a.tp == p.tp for a in hw.allreduce)):
         raise ValueError(f"{where}: tp must divide the heads, and TP > 1 needs the GPU's all-reduce figures")
     if o.step_us < 0 or o.sequence_us < 0 or o.activation_reserve_gb < 0:
         raise ValueError(f"{where}: overheads must be >= 0")
@@ -222,6 +214,20 @@ def _check(data: Any, where: str) -> Check:
     if not (expected > 0 and math.isfinite(expected)):
         raise ValueError(f"{here}: {key} must be > 0")
     return _build(Check, data | {"measure": measure, "over": over, "expected": expected}, here)
+
+
+def _profile_model(data: Any, where: str) -> ProfileModel:
+    """The file's flat `model:` mapping: the shape's keys (SHAPE_KEYS) and the rest of ProfileModel."""
+    data = dict(_mapping(data, where))
+    allowed = set(SHAPE_KEYS) | {f.name for f in fields(ProfileModel)} - {"shape"}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r} (allowed: {', '.join(sorted(allowed))})")
+    missing = [k for k in SHAPE_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"{where}: needs {', '.join(missing)}")
+    shape = _build(ModelShape, {field: data.pop(k) for k, field in SHAPE_KEYS.items()}, where)
+    return _build(ProfileModel, data | {"shape": shape}, where)
 
 
 def _build(cls: type, data: Any, where: str) -> Any:

@@ -48,14 +48,16 @@ class StepTerms:
     @staticmethod
     def of(profile: HardwareProfile, tp: int) -> StepTerms:
         hw, m, o = profile.hardware, profile.model, profile.overheads
+        s = m.shape
         bandwidth = hw.hbm_tbs * 1e12 * hw.weight_bandwidth_fraction
         compute = hw.peak_tflops * 1e12 * hw.compute_fraction
-        linear_params = m.layers * m.layer_params / tp
-        head_params = m.vocab * m.hidden / tp
+        linear_params = s.linear_params / tp
+        head_params = s.head_params / tp
         if tp > 1:
             ar = hw.allreduce_for(tp)
-            allreduce_s, allreduce_token_s = (2 * m.layers * ar.latency_us * 1e-6,
-                                              2 * m.layers * m.hidden * m.bytes_per_param / (ar.bandwidth_gbs * 1e9))
+            allreduce_s, allreduce_token_s = (2 * s.num_layers * ar.latency_us * 1e-6,
+                                              2 * s.num_layers * s.hidden_size * m.bytes_per_param
+                                              / (ar.bandwidth_gbs * 1e9))
         else:
             allreduce_s = allreduce_token_s = 0.0
         return StepTerms(
@@ -65,11 +67,11 @@ class StepTerms:
             head_row_s=2 * head_params / compute,
             knee=hw.roofline_knee,
             tile=hw.gemm_tile_tokens,
-            layers_s=m.layers * hw.layer_overhead_us * 1e-6,
+            layers_s=s.num_layers * hw.layer_overhead_us * 1e-6,
             allreduce_s=allreduce_s,
             allreduce_token_s=allreduce_token_s,
             kv_token_s=m.kv_bytes_per_token(tp) / (hw.hbm_tbs * 1e12 * hw.attention_bandwidth_fraction),
-            pair_s=4 * (m.heads / tp) * m.head_dim * m.layers / (hw.peak_tflops * 1e12 * hw.attention_compute_fraction),
+            pair_s=s.attention_flops_per_pair(tp) / (hw.peak_tflops * 1e12 * hw.attention_compute_fraction),
             step_s=o.step_us * 1e-6,
             sequence_s=o.sequence_us * 1e-6,
         )

@@ -21,6 +21,7 @@ from simulation.profile_checks import TOLERANCE, run_checks
 from simulation.profile_cost_model import ProfileCostModel
 from policies import Knobs
 from engine.slo_class import SloClass
+from telemetry.model_shape import ModelShape
 
 REQUIRED = ("h100-llama3.1-8b", "a100-mistral-7b", "h100-llama3.1-70b-tp4", "h100-llama3.1-70b-tp8")
 CHECKS = [(name, c.name) for name in profile_names() for c in load_profile(name).checks]
@@ -43,8 +44,17 @@ def test_every_profile_has_a_held_out_check_and_sources(name):
     assert profile.sources and all(c.source for c in profile.checks)
     # the model shape and the stated parameter bytes agree (embeddings + LM head + layers)
     m = profile.model
-    params = m.layers * m.layer_params + 2 * m.vocab * m.hidden
+    params = m.shape.linear_params + 2 * m.shape.head_params
     assert params * m.bytes_per_param == pytest.approx(m.parameter_bytes, rel=0.02)
+
+
+def test_a_profile_files_model_keys_load_into_the_one_model_shape():
+    """The files keep their short keys (layers, hidden, ...); they map onto telemetry's ModelShape,
+    the shape the live MFU/MBU accounting uses too."""
+    model = load_profile("h100-llama3.1-8b").model
+    assert model.shape == ModelShape(num_layers=32, hidden_size=4096, intermediate_size=14336, num_heads=32,
+                                     num_kv_heads=8, head_dim=128, vocab_size=128256)
+    assert (model.name, model.dtype, model.bytes_per_param) == ("Llama-3.1-8B", "bf16", 2)
 
 
 def test_kv_pool_is_what_is_left_after_weights_and_activations():
@@ -108,6 +118,14 @@ def test_bad_profiles_are_refused():
     bad = json.loads(json.dumps(data))
     bad["hardware"]["compute_fraction"] = 1.5
     with pytest.raises(ValueError, match="fractions"):
+        parse_profile(bad, "x")
+    bad = json.loads(json.dumps(data))
+    bad["model"]["num_layers"] = 32                   # ModelShape's name; the file's is `layers`
+    with pytest.raises(ValueError, match="unknown key 'num_layers'"):
+        parse_profile(bad, "x")
+    bad = json.loads(json.dumps(data))
+    del bad["model"]["kv_heads"]
+    with pytest.raises(ValueError, match="needs kv_heads"):
         parse_profile(bad, "x")
     bad = json.loads(json.dumps(data))
     bad["model"]["parameter_bytes"] = 200e9           # no room left for a KV cache

@@ -20,6 +20,7 @@ from engine.outputs import StepRecord
 from telemetry.device_sampler import CpuReader, open_reader
 from telemetry.hardware import DevicePeaks
 from telemetry.model_cost import ModelCost
+from telemetry.model_shape import ModelShape
 from telemetry.window import TelemetryWindow
 from tests.conftest import make_engine
 from tests.live_server import LiveServer
@@ -142,7 +143,8 @@ def test_mfu_of_a_known_step():
     K and V (2 x 2 x 2 x 16 x 4 = 512 bytes each). In a 2-s window on a 1 MFLOP/s, 1 MB/s device."""
     config = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                          num_kv_heads=2, head_dim=16, max_position_embeddings=512)
-    window = TelemetryWindow(cost=ModelCost(config, 4), peaks=DevicePeaks(1e6, 1e6, "config"), clock=lambda: 10.0)
+    window = TelemetryWindow(cost=ModelCost(ModelShape.of(config), 4), peaks=DevicePeaks(1e6, 1e6, "config"),
+                             clock=lambda: 10.0)
     window.on_step(StepRecord(0, 9.0, 0.5, 3, 0, 1, 1, 0, 0, 0.1, 0, 6, 1, 0.0, 0.5, 0.0, 0.0, "sarathi", 0))
     summary = window.window(2.0)
     assert summary.mfu == pytest.approx(483_840 / 2e6)
@@ -154,7 +156,8 @@ def test_quantized_weights_are_counted_as_stored_on_the_kernel_path():
     them to dequantize and then the dense copy; fp32's bytes would overstate a decode's ~5x."""
     config = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                          num_kv_heads=2, head_dim=16, max_position_embeddings=512)
-    dense, quantized = ModelCost(config, 4), ModelCost(config, 4, stored_weight_bytes=20_000, kernel_max_rows=8)
+    shape = ModelShape.of(config)
+    dense, quantized = ModelCost(shape, 4), ModelCost(shape, 4, stored_weight_bytes=20_000, kernel_max_rows=8)
     assert quantized.step_weight_bytes(8) == 20_000 and dense.step_weight_bytes(8) == 4 * (73_728 + 19_200)
     assert quantized.step_weight_bytes(9) == 20_000 + dense.weight_bytes
 
@@ -162,7 +165,7 @@ def test_quantized_weights_are_counted_as_stored_on_the_kernel_path():
 def test_flop_count_matches_the_loaded_model(tiny_hf):
     """ModelCost's closed form and the count from the engine's modules agree on the checkpoint."""
     engine = make_engine(tiny_hf[0])
-    cost = ModelCost(engine.model_config, 4)
+    cost = ModelCost(ModelShape.of(engine.model_config), 4)
     step = StepRecord(0, 0.0, 0.1, 5, 3, 2, 4, 0, 0, 0.1, 40, 60, 4, 0.0, 0.1, 0.0, 0.0, "sarathi", 0)
     assert (cost.step_flops(step), cost.step_bytes(step)) == flops_and_bytes(engine.runner.model, engine.model_config,
                                                                               step)
