@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from loadgen.capacity import CapacityCriteria, search_capacity
 from serving.cli_tuning import parse_knobs
@@ -65,6 +66,32 @@ def main() -> None:
         print(f"{r['policy']:<16}{r['token_budget']:>8}{r['capacity_qps']:>14.3f}{failing:>15}")
     print(json.dumps({"workload": args.workload, "slo": {"ttft_p50_s": args.slo_ttft_s, "tbt_p99_s": args.slo_tbt_s},
                       "cost_model": args.profile or cost.model, "knobs": parse_knobs(args.knob), "results": rows}, indent=2))
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/simulator.md's capacity table (benchmarks/render_docs.py): a results file holding this
+    script's JSON output, one row per token budget, one column per policy."""
+    r = json.loads(Path(sources[0]).read_text())
+    policies = list(dict.fromkeys(row["policy"] for row in r["results"]))
+    budgets = list(dict.fromkeys(row["token_budget"] for row in r["results"]))
+    cap = {(row["policy"], row["token_budget"]): row["capacity_qps"] for row in r["results"]}
+    best = max(cap.values())
+    lines = ["| token budget | " + " | ".join(policies) + " |", "| --- |" + " --- |" * len(policies)]
+    for b in budgets:
+        cells = [f"**{cap[p, b]:.3f}**" if cap[p, b] == best and p == policies[0] else f"{cap[p, b]:.3f}"
+                 for p in policies]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + (f"\n\n(requests/s, {r['workload']}, P50 TTFT <= {r['slo']['ttft_p50_s']:g} s, "
+                               f"P99 TBT <= {r['slo']['tbt_p99_s']:g} s.)")
+
+
+def render_speed(sources: list[Path]) -> str:
+    """docs/simulator.md's speed line: a results file holding `autotuned-serve simulate`'s JSON output."""
+    r = json.loads(Path(sources[0]).read_text())
+    m = r["meta"]["machine"]
+    return (f"{r['num_requests']:,} requests, {r['num_steps']:,} steps: **{r['wall_s']:.1f} s** of wall time "
+            f"({1e6 * r['wall_s'] / r['num_steps']:.0f} us a step) on {m['cpu_model']}, {m['cores']} cores, "
+            f"1-minute load average {r['load_avg_1m_before']:.1f} before the run.")
 
 
 if __name__ == "__main__":
