@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -62,6 +63,11 @@ class TunerMetrics:
             self.regime.labels(entry["regime"]).set(1)
 
 
+def tuning_config() -> str | Path:
+    """The tuning.yaml the daemon's tuner reads: $AUTOTUNED_SERVE_TUNING, else configs/tuning.yaml."""
+    return os.environ.get(TUNING_CONFIG_ENV) or CONFIG
+
+
 class TunerService:
     def __init__(self, state_dir: str, slo: SloClass, registry: CollectorRegistry, max_token_budget: int,
                  settings: ControllerSettings | None = None, storage: str | None = None,
@@ -69,7 +75,7 @@ class TunerService:
         """`storage`, `owner`: a shared Optuna storage and this daemon's name there (autotuner/tuner_state.py)."""
         self.state_dir, self.slo = state_dir, slo
         self.storage, self.owner = storage, owner
-        config = os.environ.get(TUNING_CONFIG_ENV) or CONFIG
+        config = tuning_config()
         self.settings = settings or ControllerSettings.load(config)
         self.space = load_search_space(config, max_token_budget=max_token_budget)
         self.metrics = TunerMetrics(registry)

@@ -13,7 +13,9 @@ from collections.abc import Iterable
 
 from engine.request import Request
 
-HORIZON_S = 60.0     # the controller's context window: the budget a window's P99 is judged on
+# The default for an engine used alone (the offline LLM API, the simulator, tests). The daemon passes
+# the controller's context_window_s instead (serving/daemon.py), the horizon its windows' P99 is read on.
+HORIZON_S = 60.0
 
 
 class ErrorBudget:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Response
 
+from engine.error_budget import ErrorBudget
 from engine.llm_engine import LLMEngine
 from serving.admin_api import add_admin_routes
 from serving.api_server import ServerState, build_app
@@ -16,7 +17,8 @@ from serving.daemon_telemetry import DaemonTelemetry
 from serving.http_server import drain, serve
 from simulation.live_cost_model import LiveCostModel
 from simulation.startup_cost_model import choose_cost_model
-from autotuner.tuner_service import TunerService
+from autotuner.controller import ControllerSettings
+from autotuner.tuner_service import TunerService, tuning_config
 from telemetry.constant_labels import labelled, render
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ def make_tuner(config: DaemonConfig, telemetry: DaemonTelemetry) -> TunerService
 def engine_loader(config: DaemonConfig, telemetry: DaemonTelemetry, tuner: TunerService | None):
     def load() -> LLMEngine:
         engine = LLMEngine(config.engine)
+        engine.scheduler.error_budget = ErrorBudget(error_budget_horizon_s(tuner))
         # the deadline policy prices each step with it, kept to the machine's live speed; chosen before
         # telemetry attaches, so a start-up calibration's steps stay out of the metrics, and the
         # quantized kernels' crossover (which a calibration may move) is final when MBU is priced
@@ -94,6 +97,14 @@ def engine_loader(config: DaemonConfig, telemetry: DaemonTelemetry, tuner: Tuner
             tuner.start(engine, telemetry.window, cost)
         return engine
     return load
+
+
+def error_budget_horizon_s(tuner: TunerService | None) -> float:
+    """The controller's context window: the deadline policy spends the TBT percentile's long gaps
+    over the horizon the tuner reads its windows' P99 on (the tuner's settings; with tuning off, the
+    tuning config's)."""
+    settings = tuner.settings if tuner else ControllerSettings.load(tuning_config())
+    return settings.context_window_s
 
 
 def run_daemon(config: DaemonConfig) -> None:

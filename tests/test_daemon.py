@@ -8,7 +8,18 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
+import pytest
+import yaml
+
+from autotuner.controller import ControllerSettings
+from autotuner.search_space import CONFIG
+from autotuner.tuner_service import TUNING_CONFIG_ENV
+from engine.engine_config import EngineConfig
+from serving.api_server import ApiConfig
+from serving.daemon import build_daemon, engine_loader
+from serving.daemon_config import DaemonConfig
 from tests.live_server import free_port, stream_completion, wait_healthy
 
 
@@ -50,3 +61,27 @@ def test_a_model_that_fails_to_load_exits_non_zero_with_a_one_line_reason(tmp_pa
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("autotuned-serve: error: cannot load model broken: cannot read GGUF file"), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("tune", [True, False])
+def test_the_engines_error_budget_spends_over_the_controllers_context_window(tiny_hf, tmp_path, monkeypatch,
+                                                                             tune):
+    """The deadline policy's error budget and the tuner's windows read the same horizon: the
+    controller's context_window_s as configured (the tuning config's, here 45 s), tuning or not."""
+    tuning = yaml.safe_load(Path(CONFIG).read_text())
+    tuning["controller"] = (tuning.get("controller") or {}) | {"context_window_s": 45.0}
+    path = tmp_path / "tuning.yaml"
+    path.write_text(yaml.safe_dump(tuning))
+    monkeypatch.setenv(TUNING_CONFIG_ENV, str(path))
+    config = DaemonConfig(EngineConfig(model=tiny_hf[0], dtype="fp32", num_kv_blocks=64, block_size=4),
+                          ApiConfig(served_model_name="tiny"), peak_flops=1e12, peak_bandwidth=1e11, tune=tune,
+                          calibrate=False, state_dir=str(tmp_path / "state"))
+    daemon = build_daemon(config)
+    try:
+        engine = engine_loader(config, daemon.telemetry, daemon.tuner)()
+        horizon = engine.scheduler.error_budget.horizon_s
+        assert horizon == ControllerSettings.load(path).context_window_s == 45.0
+    finally:
+        for part in (daemon.tuner, daemon.telemetry.sampler):
+            if part:
+                part.stop()
