@@ -13,22 +13,20 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any, Protocol
 
 import optuna
-import yaml
 from optuna.trial import TrialState
 
+from autotuner.controller_settings import ControllerSettings
 from autotuner.failures import TunerFailures
 from autotuner.objective import Score, badly_violated, score_window, slo_excess
 from autotuner.regime import DriftDetector, Regime, WorkloadContext
-from autotuner.search_space import CONFIG, SearchSpace
+from autotuner.search_space import SearchSpace
 from autotuner.tuner_state import STORAGE_ERRORS, TunerState, storage_reason
 from engine.slo_class import SloClass, SloClasses, shipped_slo_classes
-from policies import Knobs, get_policy
-from telemetry.window import HORIZON_S as TELEMETRY_HORIZON_S
+from policies import DEFAULT_POLICY, Knobs, get_policy
 from telemetry.window import WindowSummary
 
 log = logging.getLogger(__name__)
@@ -40,50 +38,6 @@ SLO_HEADROOM = 0.15       # within this share of a latency SLO, exploration may 
 LONGER_STEPS = ("token_budget", "step_headroom", "error_budget")   # raising these lengthens steps or gaps
 FASTER_PREFILL = ("token_budget", "step_headroom")                 # lowering these slows prefills
 MIN_FINISHED = 5          # finished requests the longest window needs to count at all
-
-
-@dataclass(frozen=True)
-class ControllerSettings:
-    policy: str = "adaptive"
-    min_window_s: float = 10.0
-    context_window_s: float = 60.0
-    max_window_s: float = 120.0
-    min_requests: int = 20
-    min_window_requests: int = 20         # a window and the context hold this many requests (at most min_requests) ...
-    longest_window_s: float = 600.0       # ... at low rates, up to this long
-    min_tbt_samples: int = 1000
-    settle_fraction: float = 0.25
-    trust_radius: float = 0.25
-    explore_trials: int = 24
-    explore_every: int = 4
-    recheck_every: int = 6
-    abort_factor: float = 2.0
-    nothing_to_win: float = 0.98          # SLO attainment over which the incumbent is not explored away from
-    warm_start_trials: int = 40
-    warm_start_enqueue: int = 3
-    warm_start_timeout_s: float = 600.0
-    background: bool = True               # the daemon's simulations in a separate low-priority process
-    background_cpu_share: float = 0.5
-
-    @staticmethod
-    def load(path: str | Path = CONFIG, **overrides: Any) -> ControllerSettings:
-        data = yaml.safe_load(Path(path).read_text()).get("controller", {}) | overrides
-        unknown = set(data) - {f.name for f in fields(ControllerSettings)}
-        if unknown:
-            raise ValueError(f"{path}: unknown controller settings {sorted(unknown)}")
-        return ControllerSettings(**data)
-
-    def __post_init__(self) -> None:
-        if self.min_window_requests < 1:
-            raise ValueError(f"controller: min_window_requests must be at least 1, not {self.min_window_requests}")
-        if not self.max_window_s <= self.longest_window_s <= TELEMETRY_HORIZON_S:
-            raise ValueError(f"controller: longest_window_s ({self.longest_window_s}) must lie between max_window_s "
-                             f"({self.max_window_s}) and the telemetry's horizon ({TELEMETRY_HORIZON_S} s)")
-
-    @property
-    def window_requests(self) -> int:
-        """Requests a window and the workload context must hold where time allows."""
-        return min(self.min_window_requests, self.min_requests)
 
 
 def sizes_steps_by_time(policy: str) -> bool:

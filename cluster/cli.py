@@ -15,33 +15,43 @@ MISSING_RAY = "ray is not installed: pip install -e '.[cluster]'"
 
 
 def add_parser(sub) -> None:
+    from cluster.cluster_spec import ClusterSpec
+    from cluster.planner_config import PlannerConfig
+    from cluster.router import RouterConfig
+    from serving.setting_flags import add_setting_flag
+    from serving.settings import default_of
+
+    spec = lambda name: default_of(ClusterSpec, name)  # noqa: E731
     p = sub.add_parser("cluster", help="run N replicas on Ray Serve behind one OpenAI API, routed by load and "
                        "prefix affinity (docs/cluster.md; needs the `cluster` extra)")
-    p.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
+    p.add_argument("--replicas", type=int, default=spec("replicas"), help="engine replicas (default %(default)s)")
     p.add_argument("--config", default=None, help="the daemon's YAML settings for every replica")
-    p.add_argument("--model", default=None, help="a .gguf, an HF directory or a preset (default: the bundled model)")
-    p.add_argument("--host", default="127.0.0.1", help="the ingress's bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="the ingress's port (default 8000)")
+    add_setting_flag(p, "model", override=True)
+    add_setting_flag(p, "host")          # the ingress's
+    add_setting_flag(p, "port")
     p.add_argument("--address", default=None, help="a running Ray cluster (e.g. auto); default: start a local one")
-    p.add_argument("--state-dir", default="state/cluster", help="replica NAME keeps its state in STATE_DIR/NAME")
+    p.add_argument("--state-dir", default=spec("state_dir"),
+                   help="replica NAME keeps its state in STATE_DIR/NAME (default %(default)s)")
     p.add_argument("--tuner-storage", default=None, help="Optuna storage all replicas share: journal:PATH "
                    "(file-locked) or an RDB URL (default: each replica its own SQLite)")
-    p.add_argument("--router", default="affinity", choices=["affinity", "load", "round_robin"],
-                   help="routing policy (default affinity: prefix affinity within a load bound)")
-    p.add_argument("--replica-cpus", type=float, default=1.0, help="Ray CPUs per replica (default 1)")
-    p.add_argument("--replica-gpus", type=float, default=0.0, help="Ray GPUs per replica (1 on a GPU cluster)")
+    p.add_argument("--router", default=default_of(RouterConfig, "policy"), choices=["affinity", "load", "round_robin"],
+                   help="routing policy: affinity (prefix affinity within a load bound), load or round_robin "
+                   "(default %(default)s)")
+    p.add_argument("--replica-cpus", type=float, default=spec("replica_cpus"),
+                   help="Ray CPUs per replica (default %(default)s)")
+    p.add_argument("--replica-gpus", type=float, default=spec("replica_gpus"),
+                   help="Ray GPUs per replica, 1 on a GPU cluster (default %(default)s)")
     p.add_argument("--torch-threads", type=int, default=None, help="torch threads per replica")
     p.add_argument("--max-replicas", type=int, default=None, help="run the SLO planner (docs/cluster.md): it "
                    "sizes the fleet between --min-replicas and this, starting at --replicas")
-    p.add_argument("--min-replicas", type=int, default=1, help="the planner's least replicas (default 1)")
+    p.add_argument("--min-replicas", type=int, default=default_of(PlannerConfig, "min_replicas"),
+                   help="the planner's least replicas (default %(default)s)")
     p.add_argument("--replica-capacity-rps", type=float, default=None, help="the planner's capacity of one "
                    "replica within the SLO, requests/s (e.g. from `autotuned-serve capacity`)")
-    p.add_argument("--plan-interval-s", type=float, default=30.0, help="the planner's interval (default 30 s)")
-    p.add_argument("--no-tune", dest="tune", action="store_const", const=False, default=None,
-                   help="replicas serve with fixed knobs")
-    p.add_argument("--no-calibrate", dest="calibrate", action="store_const", const=False, default=None,
-                   help="skip the start-up calibration (each replica's ~1 min, in its own state dir; replicas "
-                        "sharing a machine would measure each other)")
+    p.add_argument("--plan-interval-s", type=float, default=default_of(PlannerConfig, "interval_s"),
+                   help="the planner's interval in seconds (default %(default)s)")
+    add_setting_flag(p, "tune", override=True)
+    add_setting_flag(p, "calibrate", override=True)   # replicas sharing a machine would measure each other
     p.set_defaults(run_plugin=run)
 
 

@@ -80,9 +80,6 @@ class ClusterSpec:
     def daemon_config(self, replica: str) -> DaemonConfig:
         """The daemon a replica runs: the shared settings, its own state dir and metric label."""
         s = self.daemon_settings()
-        return DaemonConfig(s.engine_config(), s.api_config(served_model_name(s.model)), s.host, s.port, s.grace_s,
-                            s.slo_values(), s.peak_flops, s.peak_bandwidth, tune=s.tune,
-                            state_dir=os.path.join(self.state_dir, replica), calibrate=s.calibrate,
-                            calibration_budget_s=s.calibration_budget_s,
-                            tuner_storage=self.tuner_storage, tuner_owner=replica,
-                            metric_labels={"replica": replica})
+        s.state_dir = os.path.join(self.state_dir, replica)
+        return s.daemon_config(served_model_name(s.model), tuner_storage=self.tuner_storage, tuner_owner=replica,
+                               metric_labels={"replica": replica})

@@ -9,7 +9,7 @@ import torch
 from engine.checkpoint import quantized_kernels_usable, resolve_model
 from engine.cpu_kernels import fast_library
 from engine.errors import ModelLoadError
-from policies import Knobs
+from policies import DEFAULT_POLICY, Knobs
 
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
@@ -25,8 +25,8 @@ class EngineConfig:
     block_size: int = 16                # tokens per KV block
     kv_cache_memory_mb: float = 256.0   # KV pool size, unless num_kv_blocks is given
     num_kv_blocks: int | None = None
-    max_model_len: int | None = None    # None: the model's own limit, capped at 8192
-    policy: str = "sarathi"
+    max_model_len: int | None = None    # None: the model's own limit, capped at llm_engine.DEFAULT_MAX_MODEL_LEN
+    policy: str = DEFAULT_POLICY        # policies/registry.py
     knobs: Knobs = field(default_factory=Knobs)
     max_token_budget: int = 8192        # top of the budget range the knobs may take at run time
     attention_backend: str = "auto"

@@ -16,7 +16,7 @@ from engine.block_manager import BlockManager
 from engine.checkpoint import load_checkpoint, resolve_model
 from engine.detokenizer import Detokenizer
 from engine.engine_config import EngineConfig
-from engine.errors import InvalidRequestError
+from engine.errors import InvalidRequestError, ModelLoadError
 from engine.model_runner import ModelRunner, StepTiming
 from engine.outputs import RequestOutput, RequestRecord, StepRecord
 from engine.prefix_cache import PrefixCachingBlockManager
@@ -38,7 +38,18 @@ def release_freed_memory() -> None:
     except (OSError, AttributeError):
         pass  # not glibc: nothing to do
 
-DEFAULT_MAX_MODEL_LEN = 8192
+DEFAULT_MAX_MODEL_LEN = 8192   # unless max_model_len says otherwise: a longer limit only grows the RoPE tables and
+                               # lets one request hold more of the KV pool than a small CPU pool has
+
+
+def model_length_limit(requested: int | None, model_limit: int) -> int:
+    """`max_model_len` in force: the one asked for, which the model must allow, else the model's own
+    capped at DEFAULT_MAX_MODEL_LEN."""
+    if requested is None:
+        return min(DEFAULT_MAX_MODEL_LEN, model_limit)
+    if not 0 < requested <= model_limit:
+        raise ModelLoadError(f"max_model_len {requested} must be between 1 and the model's limit {model_limit}")
+    return requested
 
 
 class LLMEngine:
@@ -50,7 +61,7 @@ class LLMEngine:
         self.model_config = mc = checkpoint.config
         self.tokenizer: Tokenizer = load_tokenizer(kind, location, mc.vocab_size, mc.eos_token_ids, checkpoint.metadata)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)))
-        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, mc.max_position_embeddings)
+        self.max_model_len = model_length_limit(config.max_model_len, mc.max_position_embeddings)
         self.check_knobs(config.knobs)
         kv_dtype = config.kv_torch_dtype(dtype)
         num_blocks = config.num_kv_blocks or self._blocks_for_memory(kv_dtype)
@@ -69,8 +80,9 @@ class LLMEngine:
         self.arrival_listeners: list[Callable[[Request], None]] = []
         self.finish_listeners: list[Callable[[RequestRecord], None]] = []
         self.finished_by_reason: Counter[str] = Counter()
-        log.info("engine ready: %s, %s, %d KV blocks of %d tokens in %s, max_model_len %d", mc.name, dtype,
-                 num_blocks, config.block_size, kv_dtype, self.max_model_len)
+        log.info("engine ready: %s, %s, %d KV blocks of %d tokens in %s, max_model_len %d (the model's own: %d)",
+                 mc.name, dtype, num_blocks, config.block_size, kv_dtype, self.max_model_len,
+                 mc.max_position_embeddings)
 
     def _blocks_for_memory(self, kv_dtype: torch.dtype) -> int:
         bytes_per_block = self.model_config.kv_bytes_per_token * kv_dtype.itemsize * self.config.block_size

@@ -19,7 +19,7 @@ from typing import NamedTuple
 from engine.block_manager import BlockManager
 from engine.error_budget import ErrorBudget
 from engine.request import FinishReason, Request, RequestStatus
-from policies import BatchPlan, Knobs, SchedulerView, get_policy
+from policies import DEFAULT_POLICY, BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
 from policies.step_shape import attended_pairs, context_tokens, samples
 from policies.view import StepCost, is_decode_work
@@ -89,7 +89,7 @@ class ScheduleResult:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, policy: str = "sarathi", knobs: Knobs | None = None,
+    def __init__(self, block_manager: BlockManager, policy: str = DEFAULT_POLICY, knobs: Knobs | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.blocks = block_manager
         self.clock = clock              # the simulator passes its virtual clock

@@ -36,7 +36,7 @@ class BenchError(ValueError):
 
 @dataclass(frozen=True)
 class BenchOptions:
-    base_url: str = "http://127.0.0.1:8000"
+    base_url: str                     # the server root, e.g. http://127.0.0.1:8000
     model: str | None = None          # None: the first model GET /v1/models lists
     text_prompts: bool = False        # send decoded text instead of token ids
     endpoint: str = "completions"     # or "chat": /v1/chat/completions, one user message (always text)

@@ -2,7 +2,7 @@
 
 from policies.knobs import Knobs
 from policies.plan import BatchPlan, ScheduledChunk
-from policies.registry import POLICIES, get_policy
+from policies.registry import DEFAULT_POLICY, POLICIES, get_policy
 from policies.view import SchedulerView, SequenceState
 
-__all__ = ["Knobs", "BatchPlan", "ScheduledChunk", "POLICIES", "get_policy", "SchedulerView", "SequenceState"]
+__all__ = ["Knobs", "BatchPlan", "ScheduledChunk", "DEFAULT_POLICY", "POLICIES", "get_policy", "SchedulerView", "SequenceState"]

@@ -61,7 +61,7 @@ KNOB_SPECS: dict[str, KnobSpec] = {
 
 @dataclass(frozen=True)
 class Knobs:
-    token_budget: int = 512
+    token_budget: int = 2048        # under the default deadline policy a cap: steps are sized by time
     max_num_seqs: int = 256
     prefill_priority: float = 0.0
     max_partial_prefills: int = 4

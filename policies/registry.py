@@ -27,6 +27,9 @@ POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
     PrefillPriorityPolicy, AdaptivePolicy, DeadlinePolicy)}
 
 
+DEFAULT_POLICY = "deadline"   # what the daemon, the engine, the simulator and every command run unless told
+
+
 def get_policy(name: str) -> Policy:
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}: expected one of {', '.join(POLICIES)}")

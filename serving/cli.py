@@ -7,7 +7,8 @@ import os
 import sys
 
 from serving import cli_tuning
-from serving.cli_tuning import WEIGHTS_HELP
+from serving.setting_flags import (DAEMON_URL, add_knob_flags, add_serve_flags, add_setting_flag, add_slo_flags, knob_overrides,
+                                   serve_overrides)
 from engine.errors import EngineError, EngineFailed
 
 
@@ -21,12 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate a completion for one prompt and print it")
     gen.add_argument("prompt", help="the prompt (sent through the model's chat template unless --raw)")
     gen.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
-    gen.add_argument("--model", default=None,
-                     help="a .gguf file, a Hugging Face model directory, a Hugging Face repo id in the local "
-                          "cache (owner/name), or a preset name (default: the bundled SmolLM2-135M-Instruct)")
-    gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
-                     help="auto: bf16 where the hardware runs it fast, else fp32")
-    gen.add_argument("--weights", default="auto", choices=["auto", "quantized", "dense"], help=WEIGHTS_HELP)
+    for name in ("model", "dtype", "weights"):
+        add_setting_flag(gen, name)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
@@ -50,17 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a probe with more failed or unfinished requests fails (default 0)")
     cap.add_argument("--simulate", action="store_true",
                      help="probe the simulator instead of a server (with --profile or --cost-model)")
-    cap.add_argument("--policy", default="sarathi", help="with --simulate: scheduling policy (default sarathi)")
-    cap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
-                     help="with --simulate: a knob value (repeatable)")
+    add_setting_flag(cap, "policy")        # with --simulate: the daemon's policy and knobs unless told
+    add_knob_flags(cap)
     cli_tuning.add_cost_model_arguments(cap)
-    cap.add_argument("--state-dir", default=cli_tuning.DEFAULT_STATE_DIR,
-                     help="with --simulate: where a calibrated cost model is looked for (default state)")
+    add_setting_flag(cap, "state_dir")     # with --simulate: where a calibrated cost model is looked for
     cli_tuning.add_parsers(sub)
     add_plugin_parsers(sub)
     srv = sub.add_parser("serve", help="run the OpenAI-compatible daemon (the default command)")
-    add_serve_arguments(srv)
-    add_serve_arguments(parser)   # `autotuned-serve` alone serves with these
+    add_serve_flags(srv)
+    add_serve_flags(parser)   # `autotuned-serve` alone serves with these
     return parser
 
 
@@ -77,63 +72,27 @@ def add_plugin_parsers(sub) -> None:
         add(sub)
 
 
-def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags override the config file; unset flags leave its values (or the defaults) alone."""
-    p.add_argument("--config", default=None, help="YAML settings file (see configs/default.yaml)")
-    p.add_argument("--model", default=None, help="a .gguf file, an HF model directory, an HF repo id in the local "
-                   "cache (owner/name[:FILE.gguf], never downloaded) or a preset (default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; any other needs an API key)")
-    p.add_argument("--port", type=int, default=None, help="port (default 8000)")
-    p.add_argument("--dtype", default=None, choices=["auto", "bf16", "fp32"], help="default auto")
-    p.add_argument("--weights", default=None, choices=["auto", "quantized", "dense"], help=WEIGHTS_HELP)
-    p.add_argument("--device", default=None, help="cpu (default), cuda or cuda:N")
-    p.add_argument("--policy", default=None, help="scheduling policy (default deadline; see `autotuned-serve policies`)")
-    p.add_argument("--token-budget", type=int, default=None,
-                   help="token budget per step (default 512): the deadline policy's cap; under a plain budget "
-                   "policy a tuned daemon's cold start lowers it to what the cost model fits in the TBT SLO")
-    p.add_argument("--kv-cache-memory-mb", type=float, default=None, help="KV cache size in MiB (default 256)")
-    p.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp32", "fp16", "bf16"],
-                   help="how K/V are stored (default auto: fp16 for an fp32 model on the CPU kernels, else the model's)")
-    p.add_argument("--max-waiting", type=int, default=None, help="queued requests beyond this get 429 (default 256)")
-    p.add_argument("--api-key", default=None, help="key for /admin (default: AUTOTUNED_SERVE_API_KEY)")
-    p.add_argument("--grace-s", type=float, default=None, help="on SIGTERM, how long in-flight requests may finish")
-    p.add_argument("--engine-stall-s", type=float, default=None,
-                   help="an engine step running longer than this is the engine's death: open requests end with "
-                   "an error and the daemon exits 3 for its supervisor to restart it (default 600, above a big model's "
-                   "whole-prompt step on the CPU; 0: never)")
-    p.add_argument("--slo-classes", default=None, help="YAML file of the SLO classes requests may name "
-                   "(default configs/slo_classes.yaml; the config's `slo` re-targets the default class)")
-    p.add_argument("--state-dir", default=None, help="where tuner state lives (default ./state)")
-    p.add_argument("--no-tune", dest="tune", action="store_const", const=False, default=None,
-                   help="serve with fixed knobs, no online tuning")
-    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=False, default=None,
-                   help="recompute every prompt instead of reusing the KV blocks of prefixes already in the pool")
-    p.add_argument("--no-calibrate", dest="calibrate", action="store_const", const=False, default=None,
-                   help="where no cost model describes this model/dtype/machine, skip the start-up calibration "
-                        "(--calibration-budget-s) and scale the shipped one by live step times")
-    p.add_argument("--calibration-budget-s", type=float, default=None,
-                   help="wall time the start-up calibration may take (default 60): fewer grid points for a slower "
-                        "model; too few to fit and it serves as with --no-calibrate")
-
-
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default http://127.0.0.1:8000)")
+    from loadgen.bench_client import BenchOptions
+    from serving.settings import default_of
+
+    p.add_argument("--base-url", default=DAEMON_URL, help="server root (default %(default)s)")
     p.add_argument("--workload", default="chat",
                    help="a preset in configs/workloads.yaml or a YAML file (default chat)")
     p.add_argument("--qps", type=float, default=None, help="base request rate (default: the workload's)")
     p.add_argument("--num-requests", type=int, default=200, help="requests per run (default 200)")
-    p.add_argument("--max-duration-s", type=float, default=600.0,
-                   help="arrivals stop and unfinished requests fail after this long (default 600)")
+    p.add_argument("--max-duration-s", type=float, default=default_of(BenchOptions, "max_duration_s"),
+                   help="arrivals stop and unfinished requests fail after this long (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo-ttft-s", type=float, default=2.0, help="TTFT bound (default 2.0)")
-    p.add_argument("--slo-tbt-s", type=float, default=0.25, help="time-between-tokens bound (default 0.25)")
+    add_slo_flags(p)
     p.add_argument("--out-dir", default=None, help="write the JSON and PNG plots here")
     p.add_argument("--model", default=None, help="model name for the requests (default: the first of GET /v1/models)")
     p.add_argument("--tokenizer", default=None, help="model whose tokenizer makes the prompts: a .gguf, an HF "
                    "directory or a preset (default: the bundled SmolLM2)")
     p.add_argument("--text-prompts", action="store_true", help="send text instead of token ids")
-    p.add_argument("--endpoint", default="completions", choices=["completions", "chat"],
-                   help="/v1/completions (default) or /v1/chat/completions (text prompts in one user message)")
+    p.add_argument("--endpoint", default=default_of(BenchOptions, "endpoint"), choices=["completions", "chat"],
+                   help="/v1/completions or /v1/chat/completions (text prompts in one user message; default "
+                   "%(default)s)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: OPENAI_API_KEY")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
@@ -216,7 +175,7 @@ def simulated_capacity_probe(args: argparse.Namespace):
     if args.num_requests < 1 or not (args.slo_ttft_s > 0 and args.slo_tbt_s > 0):
         raise ValueError("--num-requests must be >= 1 and the SLO bounds > 0")
     get_policy(args.policy)
-    knobs = Knobs().replace(**cli_tuning.parse_knobs(args.knob))
+    knobs = Knobs().replace(**knob_overrides(args))
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
     slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     workload = load_workload(args.workload)
@@ -244,23 +203,12 @@ def run_serve(args: argparse.Namespace) -> None:
     import logging
 
     from serving.daemon import run_daemon
-    from serving.daemon_config import DaemonConfig
     from serving.settings import load_settings
 
-    overrides = {k: getattr(args, k) for k in ("model", "host", "port", "dtype", "weights", "device", "policy",
-                                               "kv_cache_memory_mb", "kv_cache_dtype", "max_waiting", "api_key", "grace_s", "engine_stall_s", "state_dir", "tune",
-                                               "slo_classes", "calibrate", "calibration_budget_s", "prefix_caching")}
-    settings = load_settings(args.config, overrides)
-    if args.token_budget:
-        settings.knobs = {**settings.knobs, "token_budget": args.token_budget}
-        settings.validate()
+    settings = load_settings(args.config, serve_overrides(args))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     enable_stack_dumps()
-    run_daemon(DaemonConfig(settings.engine_config(), settings.api_config(served_model_name(settings.model)),
-                            settings.host, settings.port, settings.grace_s, settings.slo_values(),
-                            settings.peak_flops, settings.peak_bandwidth, tune=settings.tune,
-                            state_dir=settings.state_dir, calibrate=settings.calibrate,
-                            calibration_budget_s=settings.calibration_budget_s))
+    run_daemon(settings.daemon_config(served_model_name(settings.model)))
 
 
 def enable_stack_dumps() -> None:

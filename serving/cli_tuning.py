@@ -6,26 +6,18 @@ import argparse
 import json
 import sys
 
-DEFAULT_STATE_DIR = "state"
-
-
-WEIGHTS_HELP = ("auto (default): a GGUF's quantized weights stay as stored and steps up to a measured size run "
-                "on them with the CPU kernels; quantized: the same, or an error where it cannot; dense: "
-                "dequantize at load (fp32/bf16)")
+from serving.setting_flags import DAEMON_URL, add_knob_flags, add_setting_flag, add_slo_flags, knob_overrides, parse_knobs
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     cal = sub.add_parser("calibrate", help="profile the engine over a grid of step shapes and fit its cost model")
-    cal.add_argument("--model", default=None, help="a .gguf, an HF directory or a preset (default: bundled SmolLM2)")
-    cal.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
-    cal.add_argument("--weights", default="auto", choices=["auto", "quantized", "dense"], help=WEIGHTS_HELP)
-    cal.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    cal.add_argument("--kv-cache-memory-mb", type=float, default=256.0, help="KV pool, as the daemon's (default 256)")
+    for name in ("model", "dtype", "weights", "device", "kv_cache_memory_mb"):
+        add_setting_flag(cal, name)
     cal.add_argument("--points", type=int, default=120, help="grid points measured (default 120)")
     cal.add_argument("--repeats", type=int, default=3, help="timed runs per point; the median is kept (default 3)")
     cal.add_argument("--holdout", type=float, default=0.2, help="share of points kept out of the fit (default 0.2)")
     cal.add_argument("--out", default=None, help="cost model file (default STATE_DIR/cost_models/MODEL-DTYPE-DEVICE.json)")
-    cal.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    add_setting_flag(cal, "state_dir")
 
     sim = sub.add_parser("simulate", help="run a workload through the simulator and print its JSON summary")
     sim.add_argument("--workload", default="chat", help="a preset in configs/workloads.yaml or a YAML file")
@@ -35,13 +27,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--duration", type=float, default=None,
                      help="simulated seconds of arrivals, the phases splitting them by share (e.g. 86400 "
                      "for the diurnal preset's day); without --requests, every arrival in them")
-    sim.add_argument("--policy", default="sarathi", help="scheduling policy (see `autotuned-serve policies`)")
-    sim.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="a knob value (repeatable)")
+    add_setting_flag(sim, "policy")        # the daemon's policy and knobs unless told
+    add_knob_flags(sim)
     add_cost_model_arguments(sim)
-    sim.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    add_setting_flag(sim, "state_dir")
     sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--slo-ttft-s", type=float, default=2.0)
-    sim.add_argument("--slo-tbt-s", type=float, default=0.25)
+    add_slo_flags(sim)
     add_report_parser(sub)
     add_tune_parsers(sub)
     prof = sub.add_parser("profiles", help="list the hardware profiles (GPU + model step-time models) the "
@@ -89,35 +80,17 @@ def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--duration", type=float, default=3600.0, help="simulated seconds of arrivals (default 3600)")
     add_rate_arguments(tune)
     add_cost_model_arguments(tune)
-    tune.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="where the tuner keeps its studies (default state)")
+    add_setting_flag(tune, "state_dir")
     tune.add_argument("--seed", type=int, default=0)
-    tune.add_argument("--slo-ttft-s", type=float, default=2.0)
-    tune.add_argument("--slo-tbt-s", type=float, default=0.25)
+    add_slo_flags(tune)
     tune.add_argument("--no-ablation", action="store_true",
                       help="skip the plain-budget grid (best_static_plain_budget): 21 fewer runs of the workload")
 
     ctl = sub.add_parser("tuner", help="pause, resume or pin a running daemon's tuner, or show its status")
     ctl.add_argument("action", choices=["status", "pause", "resume", "pin"])
     ctl.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="for pin (repeatable)")
-    ctl.add_argument("--url", default="http://127.0.0.1:8000", help="the daemon (default http://127.0.0.1:8000)")
+    ctl.add_argument("--url", default=DAEMON_URL, help="the daemon (default %(default)s)")
     ctl.add_argument("--api-key", default=None, help="admin key (default: AUTOTUNED_SERVE_API_KEY)")
-
-
-def parse_knobs(pairs: list[str]) -> dict[str, object]:
-    """NAME=VALUE pairs with each value typed by its knob's spec."""
-    from policies.knobs import KNOB_SPECS
-
-    knobs: dict[str, object] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or name not in KNOB_SPECS:
-            raise ValueError(f"--knob {pair!r}: expected NAME=VALUE with NAME one of {', '.join(KNOB_SPECS)}")
-        kind = KNOB_SPECS[name].kind
-        try:
-            knobs[name] = kind(float(value)) if kind is int else kind(value)
-        except ValueError:
-            raise ValueError(f"--knob {pair!r}: {value!r} is not a {kind.__name__}") from None
-    return knobs
 
 
 def run_calibrate(args: argparse.Namespace) -> None:
@@ -156,7 +129,7 @@ def run_simulate(args: argparse.Namespace) -> None:
     if args.duration is not None and not args.duration > 0:
         raise ValueError("--duration must be > 0")
     get_policy(args.policy)
-    knobs = Knobs().replace(**parse_knobs(args.knob))
+    knobs = Knobs().replace(**knob_overrides(args))
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
     workload, slo = load_workload(args.workload), SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     rate = resolve_rate(args, workload, cost, slo)
@@ -249,7 +222,7 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help="write the tuning report (per regime: trials, chosen knobs, before/after)")
     rep.add_argument("--format", default="html", choices=["html", "json", "csv"], help="default html")
     rep.add_argument("--out", required=True, help="output file; - writes json or csv to stdout")
-    rep.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    add_setting_flag(rep, "state_dir")
 
 
 def run_report(args: argparse.Namespace) -> None:

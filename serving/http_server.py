@@ -58,7 +58,7 @@ def drain(state: ServerState, grace_s: float) -> None:
     log.info("engine stopped")
 
 
-def serve(load_engine: Callable[[], LLMEngine], api: ApiConfig, host: str, port: int, grace_s: float = 30.0,
+def serve(load_engine: Callable[[], LLMEngine], api: ApiConfig, host: str, port: int, grace_s: float,
           extra_routes: Callable[[FastAPI, ServerState], None] | None = None) -> None:
     if not is_loopback(host) and not api.api_key:
         raise ValueError(f"binding {host} (not loopback) needs an API key for /admin: set api_key in the config "

@@ -1,5 +1,9 @@
 """Daemon settings: YAML file (configs/*.yaml) overridden by command-line flags.
 
+Each default is defined once, by the dataclass that uses the value (EngineConfig, ApiConfig,
+DaemonConfig, Knobs); a setting here reads it from there. Every setting is a flag and a YAML field,
+and docs/configuration.md and configs/default.yaml are rendered from these fields
+(serving/config_reference.py; tests/test_settings.py checks both are current).
 A bad file gives one line naming the field; every field has a default, so no file is needed.
 """
 
@@ -7,53 +11,96 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 import yaml
 
 from serving.api_server import ApiConfig
+from serving.daemon_config import DaemonConfig
 from engine.engine_config import EngineConfig
+from engine.llm_engine import DEFAULT_MAX_MODEL_LEN
 from engine.slo_class import CONFIG as SHIPPED_SLO_CLASSES, SloClass, SloClasses
-from policies import Knobs, get_policy
+from policies import POLICIES, Knobs, get_policy
+
+WEIGHTS_HELP = ("auto: a GGUF's quantized weights stay as stored and steps up to a measured size run on them "
+                "with the CPU kernels; quantized: the same, or an error where it cannot; dense: dequantize at "
+                "load (fp32/bf16)")
 
 
 class SettingsError(ValueError):
     pass
 
 
+def default_of(owner: type, name: str) -> Any:
+    """The default `owner` (a dataclass) gives its field `name`: the one definition of that value."""
+    f = next(f for f in dataclasses.fields(owner) if f.name == name)
+    return f.default if f.default is not MISSING else f.default_factory()
+
+
+def setting(help: str, *, default: Any = None, factory: Any = None, choices: tuple[str, ...] = ()) -> Any:
+    """A setting no other dataclass takes: its default is defined here."""
+    metadata = {"help": help, "choices": choices, "owner": None}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def owned(owner: type, name: str, help: str, choices: tuple[str, ...] = ()) -> Any:
+    """A setting passed on to `owner`'s field `name`, whose default is defined there."""
+    return field(default=default_of(owner, name), metadata={"help": help, "choices": choices, "owner": owner})
+
+
 @dataclass
 class Settings:
-    model: str | None = None            # None: the bundled SmolLM2-135M-Instruct
-    dtype: str = "auto"
-    weights: str = "auto"               # auto/quantized: a GGUF's quantized weights stay as stored on the CPU; dense
-    device: str = "cpu"
-    kv_cache_memory_mb: float = 256.0
-    kv_cache_dtype: str = "auto"        # auto: fp16 for an fp32 model on the CPU kernels, else the model dtype
-    num_kv_blocks: int | None = None
-    block_size: int = 16
-    max_model_len: int | None = None
-    max_token_budget: int = 8192
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    max_waiting: int = 256
-    max_body_bytes: int = 1 << 20
-    default_max_tokens: int = 256
-    grace_s: float = 30.0
-    engine_stall_s: float = 600.0     # a step running longer is the engine's death: the daemon exits (0: never);
-                                      # above the longest real step (a whole prompt of a big model on the CPU)
-    policy: str = "deadline"          # steps sized to the running requests' TBT slack (policies/deadline.py)
-    knobs: dict[str, Any] = field(default_factory=lambda: {"token_budget": 2048})   # a cap: deadline sizes steps by time
-    slo: dict[str, float] = field(default_factory=dict)    # the default SLO class's targets (ttft_s, tbt_s)
-    slo_classes: str = str(SHIPPED_SLO_CLASSES)            # YAML file of the classes requests may name
-    tune: bool = True
-    calibrate: bool = True            # at start-up, where no cost model describes this model/dtype/machine
-    calibration_budget_s: float = 60.0   # wall time that start-up calibration may take, whatever the model's size
-    prefix_caching: bool = True       # reuse the KV blocks of prompt prefixes already computed
-    state_dir: str = "state"
-    peak_flops: float | None = None
-    peak_bandwidth: float | None = None
+    model: str | None = owned(EngineConfig, "model", "a .gguf file, a Hugging Face model directory, a Hugging "
+                              "Face repo id in the local cache (owner/name[:FILE.gguf], never downloaded) or a "
+                              "preset; null: the bundled SmolLM2-135M-Instruct")
+    dtype: str = owned(EngineConfig, "dtype", "auto: bf16 where the hardware runs it fast (fp32 under the "
+                       "quantized CPU kernels), else fp32", ("auto", "bf16", "fp32"))
+    weights: str = owned(EngineConfig, "weights", WEIGHTS_HELP, ("auto", "quantized", "dense"))
+    device: str = owned(EngineConfig, "device", "cpu, cuda or cuda:N")
+    kv_cache_memory_mb: float = owned(EngineConfig, "kv_cache_memory_mb", "KV pool size in MiB, unless "
+                                      "num_kv_blocks is set")
+    kv_cache_dtype: str = owned(EngineConfig, "kv_cache_dtype", "how K/V are stored; auto: fp16 for an fp32 "
+                                "model on the CPU kernels, else the model's dtype", ("auto", "fp32", "fp16", "bf16"))
+    num_kv_blocks: int | None = owned(EngineConfig, "num_kv_blocks", "KV pool size in blocks; null: from "
+                                      "kv_cache_memory_mb")
+    block_size: int = owned(EngineConfig, "block_size", "tokens per KV block (and per prefix-cache key)")
+    max_model_len: int | None = owned(EngineConfig, "max_model_len", "longest prompt plus output a request may "
+                                      "have; null: the model's own limit, capped at "
+                                      f"{DEFAULT_MAX_MODEL_LEN}")
+    max_token_budget: int = owned(EngineConfig, "max_token_budget", "top of the token-budget range the knobs may "
+                                  "take at run time (the warm-up is sized for it)")
+    prefix_caching: bool = owned(EngineConfig, "enable_prefix_caching", "reuse the KV blocks of prompt prefixes "
+                                 "already in the pool")
+    policy: str = owned(EngineConfig, "policy", "scheduling policy (`autotuned-serve policies` lists them); "
+                        "deadline sizes each step to the running requests' TBT slack", tuple(POLICIES))
+    knobs: dict[str, Any] = setting("knob values overriding their defaults (`autotuned-serve policies` lists each "
+                                    "knob, its range and default)", factory=dict)
+    slo: dict[str, float] = setting("the default SLO class's targets (ttft_s, tbt_s); keys left out keep "
+                                    "slo_classes' values", factory=dict)
+    slo_classes: str = setting("YAML file of the SLO classes requests may name", default=str(SHIPPED_SLO_CLASSES))
+    host: str = owned(DaemonConfig, "host", "bind address; any other than loopback needs api_key")
+    port: int = owned(DaemonConfig, "port", "port")
+    api_key: str | None = owned(ApiConfig, "api_key", "key for /admin (null: AUTOTUNED_SERVE_API_KEY)")
+    max_waiting: int = owned(ApiConfig, "max_waiting", "queued requests beyond this are answered 429 with "
+                             "Retry-After")
+    max_body_bytes: int = owned(ApiConfig, "max_body_bytes", "largest request body accepted")
+    default_max_tokens: int = owned(ApiConfig, "default_max_tokens", "max_tokens of a request that names none")
+    grace_s: float = owned(DaemonConfig, "grace_s", "on SIGTERM, how long in-flight requests may finish")
+    engine_stall_s: float = owned(ApiConfig, "engine_stall_s", "a step running longer is the engine's death: open "
+                                  "requests end with an error and the daemon exits 3 (0: never)")
+    tune: bool = owned(DaemonConfig, "tune", "run the online tuner beside the engine")
+    calibrate: bool = owned(DaemonConfig, "calibrate", "where no cost model describes this model/dtype/machine, "
+                            "calibrate at start-up (else scale the shipped one by live step times)")
+    calibration_budget_s: float = owned(DaemonConfig, "calibration_budget_s", "wall time the start-up calibration "
+                                        "may take: fewer grid points for a slower model")
+    state_dir: str = owned(DaemonConfig, "state_dir", "tuner studies, decisions and calibrated cost models")
+    peak_flops: float | None = owned(DaemonConfig, "peak_flops", "the device's peak FLOP/s for MFU; null: "
+                                     "probed at start-up")
+    peak_bandwidth: float | None = owned(DaemonConfig, "peak_bandwidth", "the device's peak memory bandwidth "
+                                         "(B/s) for MBU; null: probed at start-up")
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(model=self.model, dtype=self.dtype, weights=self.weights, device=self.device,
@@ -86,6 +133,13 @@ class Settings:
         except (TypeError, ValueError) as e:
             raise SettingsError(f"slo_classes: {str(e).splitlines()[0]}") from e
         return classes
+
+    def daemon_config(self, served_model_name: str, **extra: Any) -> DaemonConfig:
+        """The daemon's configuration; `extra`: DaemonConfig fields that are no setting (a replica's name)."""
+        return DaemonConfig(self.engine_config(), self.api_config(served_model_name), self.host, self.port,
+                            self.grace_s, self.slo_values(), self.peak_flops, self.peak_bandwidth, tune=self.tune,
+                            state_dir=self.state_dir, calibrate=self.calibrate,
+                            calibration_budget_s=self.calibration_budget_s, **extra)
 
     def api_config(self, served_model_name: str) -> ApiConfig:
         return ApiConfig(served_model_name=served_model_name, max_waiting=self.max_waiting,
@@ -126,13 +180,37 @@ class Settings:
 
 
 _TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
+KNOB_FLAGS = ("token_budget", "max_num_seqs")   # knobs with a flag of their own (vLLM's names); any: --knob
+SLO_FLAGS = ("ttft_s", "tbt_s")                 # the default class's targets: --slo-ttft-s, --slo-tbt-s
+
+
+def flags(f: dataclasses.Field) -> list[str]:
+    """The command-line flags that set field `f`: --no-NAME for a setting on by default."""
+    if f.name == "knobs":
+        return [f"--{k.replace('_', '-')}" for k in KNOB_FLAGS] + ["--knob NAME=VALUE"]
+    if f.name == "slo":
+        return [f"--slo-{k.replace('_', '-')}" for k in SLO_FLAGS]
+    name = f.name.replace("_", "-")
+    return [f"--no-{name}" if f.default is True else f"--{name}"]
+
+
+def value_type(f: dataclasses.Field) -> type:
+    """What a flag's text is parsed as: the field's type, without None."""
+    base = next(part.strip() for part in str(f.type).split("|") if part.strip() != "None")
+    return {"int": int, "float": float, "str": str, "bool": bool}[base]
 
 
 def load_settings(path: str | None, overrides: dict[str, Any]) -> Settings:
+    """The file's settings (none: the defaults) with `overrides` on top; `knobs` and `slo` overrides
+    change only the keys they name."""
     values: dict[str, Any] = {}
     if path:
         values = _read_yaml(path)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            values[key] = {**values.get(key, {}), **value}
+        elif value is not None:
+            values[key] = value
     return Settings(**values).validate()
 
 

@@ -24,7 +24,7 @@ from engine.request import FinishReason, Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduleResult, Scheduler
 from engine.slo_class import SloClasses, shipped_slo_classes
-from policies import Knobs
+from policies import DEFAULT_POLICY, Knobs
 from policies.step_shape import attended_pairs, context_tokens
 
 IDLE_TICK_S = 0.001   # how far the clock moves when a policy schedules nothing while work waits
@@ -43,7 +43,7 @@ class RequestLike(Protocol):
 
 
 class Simulator:
-    def __init__(self, cost: CostModel, num_blocks: int, block_size: int = 16, policy: str = "sarathi",
+    def __init__(self, cost: CostModel, num_blocks: int, block_size: int = 16, policy: str = DEFAULT_POLICY,
                  knobs: Knobs | None = None, coast: bool = True, slo_classes: SloClasses | None = None,
                  prefix_caching: bool = True) -> None:
         self.cost = cost

@@ -10,7 +10,7 @@ from simulation.profile_cost_model import StepTimeModel
 from engine.outputs import RequestRecord
 from simulation.simulator import Simulator
 from engine.slo_class import SloClass, shipped_slo_classes
-from policies import Knobs
+from policies import DEFAULT_POLICY, Knobs
 from telemetry.latency_summary import LatencySummary, summarize_requests
 
 
@@ -39,7 +39,7 @@ def shares_prefixes(specs: list[RequestSpec]) -> bool:
     return any(spec.prefix_group is not None for spec in specs)
 
 
-def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = "sarathi", knobs: Knobs | None = None,
+def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = DEFAULT_POLICY, knobs: Knobs | None = None,
              slo: SloClass | None = None) -> SimulatedRun:
     """Every request through to its end; rates are over first arrival to last finish."""
     sim = make_simulator(cost, policy, knobs or Knobs(), slo, prefix_caching=shares_prefixes(specs))

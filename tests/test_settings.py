@@ -147,3 +147,66 @@ def test_serve_flag_names_the_slo_classes_file(tmp_path, capsys):
     assert main(["serve", "--slo-classes", str(tmp_path / "missing.yaml")]) == 2   # fails before loading a model
     err = capsys.readouterr().err.strip()
     assert err.startswith("autotuned-serve: error: slo_classes: cannot read SLO classes") and "\n" not in err
+
+
+def test_the_configuration_reference_and_default_yaml_are_rendered_from_the_code():
+    """docs/configuration.md and configs/default.yaml are serving/config_reference.py's rendering of the
+    settings, knobs and controller settings: a default changed in the code, or edited in either file
+    by hand, fails here (`python -m serving.config_reference --write` re-renders them)."""
+    from serving.config_reference import DEFAULT_YAML, REFERENCE, render_default_yaml, render_reference
+
+    assert REFERENCE.read_text() == render_reference()
+    assert DEFAULT_YAML.read_text() == render_default_yaml()
+
+
+def test_every_setting_takes_its_default_from_the_dataclass_that_uses_it():
+    """The settings pass on the engine's, API's and daemon's own defaults: nothing is restated."""
+    from dataclasses import fields
+
+    from serving.settings import Settings
+
+    defaults = Settings()
+    engine, api, daemon = defaults.engine_config(), defaults.api_config("m"), defaults.daemon_config("m")
+    fresh_engine, fresh_api = EngineConfig(), ApiConfig(served_model_name="m")
+    assert {f.name: getattr(engine, f.name) for f in fields(EngineConfig)} == \
+        {f.name: getattr(fresh_engine, f.name) for f in fields(EngineConfig)}
+    assert (api.max_waiting, api.max_body_bytes, api.default_max_tokens, api.engine_stall_s) == \
+        (fresh_api.max_waiting, fresh_api.max_body_bytes, fresh_api.default_max_tokens, fresh_api.engine_stall_s)
+    fresh_daemon = DaemonConfig(fresh_engine, fresh_api)
+    for name in ("host", "port", "grace_s", "tune", "state_dir", "calibrate", "calibration_budget_s", "peak_flops"):
+        assert getattr(daemon, name) == getattr(fresh_daemon, name), name
+    assert load_settings("configs/default.yaml", {}).engine_config().knobs == fresh_engine.knobs
+
+
+def test_every_setting_is_a_flag(tmp_path):
+    """Each setting has its flag; --max-model-len, --max-num-seqs and --knob reach the engine, and a
+    flag overrides only the knob it names in the file's knobs."""
+    from dataclasses import fields
+
+    from serving.cli import build_parser
+    from serving.setting_flags import serve_overrides
+    from serving.settings import Settings, flags
+
+    help_text = build_parser().format_help()
+    missing = [flag for f in fields(Settings) for flag in flags(f) if flag.split()[0] not in help_text]
+    assert not missing
+    path = tmp_path / "c.yaml"
+    path.write_text("knobs: {token_budget: 256, step_headroom: 0.8}\nmax_model_len: 4096\n")
+    args = build_parser().parse_args(["serve", "--config", str(path), "--max-num-seqs", "12", "--max-model-len",
+                                      "1024", "--knob", "ttft_pace=2", "--slo-tbt-s", "0.4", "--no-tune"])
+    s = load_settings(args.config, serve_overrides(args))
+    knobs = s.engine_config().knobs
+    assert (knobs.token_budget, knobs.max_num_seqs, knobs.step_headroom, knobs.ttft_pace) == (256, 12, 0.8, 2.0)
+    assert s.engine_config().max_model_len == 1024 and s.tune is False
+    assert s.slo_class_values().get(None).tbt_s == 0.4 and s.slo_class_values().get(None).ttft_s == 2.0
+
+
+def test_max_model_len_is_the_models_limit_capped_or_what_was_asked_within_it():
+    from engine.errors import ModelLoadError
+    from engine.llm_engine import DEFAULT_MAX_MODEL_LEN, model_length_limit
+
+    assert model_length_limit(None, 32768) == DEFAULT_MAX_MODEL_LEN
+    assert model_length_limit(None, 2048) == 2048
+    assert model_length_limit(16384, 32768) == 16384
+    with pytest.raises(ModelLoadError, match="max_model_len 65536 must be between 1 and the model's limit 32768"):
+        model_length_limit(65536, 32768)

@@ -193,8 +193,8 @@ def warm_start_settings(path: Path) -> Path:
     """The shipped tuning.yaml with the tests' short windows and a one-trial warm start, in the background."""
     config = yaml.safe_load(Path(CONFIG).read_text())
     # a 3 s context holds the 5 finished requests a warm start needs at the paced traffic's rate
-    config["controller"] |= WINDOWS | dict(context_window_s=3.0, warm_start_trials=1, warm_start_enqueue=1,
-                                           background=True)
+    config["controller"] = config.get("controller", {}) | WINDOWS | dict(
+        context_window_s=3.0, warm_start_trials=1, warm_start_enqueue=1, background=True)
     path.write_text(yaml.safe_dump(config))
     return path
 
