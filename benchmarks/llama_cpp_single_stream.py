@@ -36,7 +36,7 @@ import psutil
 
 from bench_common import MachineInfo, emit_summary, peer_env
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.checkpoint import bundled_model_path
+from engine.model.checkpoint import bundled_model_path
 from policies import Knobs
 
 PREFILL_TOKENS = 512

@@ -24,7 +24,7 @@ from bench_common import (MachineInfo, OtherLoad, add_contention_args, build_pro
                           retry_contended)
 import torch  # after bench_common, which imports the engine first (OpenMP wait policy)
 from engine import LLM, SamplingParams
-from engine.checkpoint import bundled_model_path
+from engine.model.checkpoint import bundled_model_path
 from engine.outputs import StepRecord
 
 

@@ -2,7 +2,7 @@
 after each op) against ACTIVE (they spin; with nothing set, libgomp spins for a bounded count).
 
 On the CPU the engine alternates torch's ops (norms, activation, RoPE, sampling, the dense GEMM)
-with its own kernels (engine/csrc/), which run on a pool of their own: spinning OpenMP threads then
+with its own kernels (engine/kernels/csrc/), which run on a pool of their own: spinning OpenMP threads then
 hold the cores that pool needs, and the reverse. libgomp reads the policy once, when torch loads, so
 each policy runs benchmarks/step_time.py in a process of its own; the policies alternate for
 --rounds rounds and each step's figure is the median over rounds of step_time's medians.

@@ -248,10 +248,10 @@ class _CountingTokenizer:
 
 
 def _bookkeeping_run(specs: list[RequestSpec], prompts: list[list[int]], caching: bool) -> float:
-    from engine.block_manager import BlockManager
-    from engine.prefix_cache import PrefixCachingBlockManager
-    from engine.request import FinishReason, Request
-    from engine.scheduler import Scheduler
+    from engine.kv_cache.block_manager import BlockManager
+    from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
+    from engine.scheduling.request import FinishReason, Request
+    from engine.scheduling.scheduler import Scheduler
 
     cost = CostModel.load(SHIPPED_COST_MODEL)
     pool = (PrefixCachingBlockManager if caching else BlockManager)(cost.kv_blocks, cost.block_size)

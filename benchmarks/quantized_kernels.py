@@ -1,4 +1,4 @@
-"""The bundled SmolLM2-135M on its GGUF's quantized weights (engine/quantized_linear.py, #15) against the
+"""The bundled SmolLM2-135M on its GGUF's quantized weights (engine/kernels/quantized_linear.py, #15) against the
 same weights dequantized to fp32, side by side in one run:
 
   bandwidth  the machine's memory bandwidth, measured here: a STREAM-like copy of --bandwidth-mb MB
@@ -46,9 +46,9 @@ from bench_common import MachineInfo, add_contention_args, build_prompts, emit_s
 import torch  # after bench_common, which imports the engine first (OpenMP wait policy)
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.llm_engine import release_freed_memory
-from engine.checkpoint import fuse_quantized, load_checkpoint
+from engine.model.checkpoint import fuse_quantized, load_checkpoint
 from engine.model_runner import merge_same_type
-from engine.quantized_linear import PANEL_ROWS, QuantizedLinear, QuantizedPath, best_time
+from engine.kernels.quantized_linear import PANEL_ROWS, QuantizedLinear, QuantizedPath, best_time
 from policies import Knobs
 from step_time import StepStats, measure_decode, measure_prefill
 

@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, replace
 
 from bench_common import emit_summary, MachineInfo, OtherLoad, build_prompts, wait_until_idle
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.block_manager import BlockManager
-from engine.request import Request
-from engine.scheduler import Scheduler
+from engine.kv_cache.block_manager import BlockManager
+from engine.scheduling.request import Request
+from engine.scheduling.scheduler import Scheduler
 from policies import POLICIES, BatchPlan, Knobs, SchedulerView
 from policies.registry import Policy
 from policies.view import is_decode

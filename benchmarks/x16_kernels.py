@@ -1,4 +1,4 @@
-"""The interleaved kernels (engine/csrc/qlinear_x16.c) per GGUF type, on random weights, against the
+"""The interleaved kernels (engine/kernels/csrc/qlinear_x16.c) per GGUF type, on random weights, against the
 machine's own read bandwidth (#31).
 
 For each type: a cache-sized matrix (--rows x --cols, 4864 x 1536 by default: a 0.5B model's ffn_down
@@ -25,7 +25,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from bench_common import MachineInfo, emit_summary
-from engine.quantized_linear import QuantizedTensor, best_time, load_kernels
+from engine.kernels.quantized_linear import QuantizedTensor, best_time, load_kernels
 
 
 def parse_args() -> argparse.Namespace:

@@ -1,7 +1,7 @@
 """Which replica probably holds which prompt prefix: the router's approximate view of the
 replicas' prefix caches (SGLang's cache-aware router keeps a radix tree of the same).
 
-Keys are the engine's own block keys (engine/prefix_cache.py: SHA-256 chained over 16-token
+Keys are the engine's own block keys (engine/kv_cache/prefix_cache.py: SHA-256 chained over 16-token
 blocks from the cache salt's root), so a prefix matches here exactly when it would match in a
 replica's pool. The index remembers where it sent each block, not what the replica still holds:
 it is bounded (least recently used keys go first) and forgets a replica that restarted.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine.prefix_cache import block_key, root_key
+from engine.kv_cache.prefix_cache import block_key, root_key
 
 
 def prompt_block_keys(token_ids: Sequence[int], block_size: int, salt: str | None = None) -> list[bytes]:

@@ -13,7 +13,7 @@ from typing import Any
 
 
 from cluster.prefix_index import prompt_block_keys
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 from serving.openai_protocol import ChatCompletionRequest, CompletionRequest
 
 

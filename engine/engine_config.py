@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.checkpoint import quantized_kernels_usable, resolve_model
-from engine.cpu_kernels import fast_library
+from engine.model.checkpoint import quantized_kernels_usable, resolve_model
+from engine.kernels.cpu_kernels import fast_library
 from engine.errors import ModelLoadError
 from policies import DEFAULT_POLICY, Knobs
 

@@ -12,19 +12,19 @@ from collections.abc import Callable
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.checkpoint import load_checkpoint, resolve_model
-from engine.detokenizer import Detokenizer
+from engine.kv_cache.block_manager import BlockManager
+from engine.model.checkpoint import load_checkpoint, resolve_model
+from engine.model.detokenizer import Detokenizer
 from engine.engine_config import EngineConfig
 from engine.errors import InvalidRequestError, ModelLoadError
 from engine.model_runner import ModelRunner, StepTiming
 from engine.outputs import RequestOutput, RequestRecord, StepRecord
-from engine.prefix_cache import PrefixCachingBlockManager
-from engine.request import FinishReason, Request, RequestStatus
+from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
+from engine.scheduling.request import FinishReason, Request, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduleResult, Scheduler
+from engine.scheduling.scheduler import ScheduleResult, Scheduler
 from engine.slo_class import DEFAULT_CLASS, SloClass
-from engine.tokenizer import Tokenizer, load_tokenizer
+from engine.model.tokenizer import Tokenizer, load_tokenizer
 from policies import Knobs
 
 log = logging.getLogger(__name__)

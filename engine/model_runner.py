@@ -10,15 +10,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention import TorchAttention, make_attention_backend, prepare_step
-from engine.batch_layout import BatchLayout
-from engine.checkpoint import Checkpoint, fuse_projections, fuse_quantized
-from engine.cpu_decode import CpuDecodeLayers
-from engine.model import LlamaForCausalLM, local_rotary
-from engine.quantized_linear import (QuantizedEmbedding, QuantizedLinear, QuantizedPath, QuantizedTensor, QuantKernels,
+from engine.attention.backends import TorchAttention, make_attention_backend, prepare_step
+from engine.attention.batch_layout import BatchLayout
+from engine.model.checkpoint import Checkpoint, fuse_projections, fuse_quantized
+from engine.model.cpu_decode import CpuDecodeLayers
+from engine.model.transformer import LlamaForCausalLM, local_rotary
+from engine.kernels.quantized_linear import (QuantizedEmbedding, QuantizedLinear, QuantizedPath, QuantizedTensor, QuantKernels,
                                      load_kernels, measure_crossover)
 from engine.sampler import Sampler
-from engine.scheduler import ScheduledRequest
+from engine.scheduling.scheduler import ScheduledRequest
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: di
     for name, parts in sorted(fused.items(), key=lambda item: item[0] == "model.embed_tokens"):
         if name == "model.embed_tokens":
             parts = [interleaved.get(id(p), p) for p in parts]
-        elif path.kernels.avx2:   # rows interleaved in groups of 16, faster at every row count (engine/csrc/qlinear_x16.c)
+        elif path.kernels.avx2:   # rows interleaved in groups of 16, faster at every row count (engine/kernels/csrc/qlinear_x16.c)
             parts = [interleaved_once(path.kernels, p, interleaved) for p in parts]
         parts = merge_same_type(parts)
         parent, _, attr = name.rpartition(".")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 # Plain English prose, written for this repository.
 TEXT = """\
@@ -94,9 +94,9 @@ def _encode_plain(tokenizer: Tokenizer, text: str) -> list[int]:
 
 def load_prompt_tokenizer(model: str | None) -> Tokenizer:
     """The tokenizer of a model argument as the daemon reads it (default: the bundled SmolLM2)."""
-    from engine.checkpoint import resolve_model
+    from engine.model.checkpoint import resolve_model
     from engine.model_config import PRESETS
-    from engine.tokenizer import load_tokenizer
+    from engine.model.tokenizer import load_tokenizer
 
     kind, location = resolve_model(model)
     vocab_size = PRESETS[location].vocab_size if kind == "dummy" else 0

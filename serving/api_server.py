@@ -27,7 +27,7 @@ from engine.errors import EngineError, EngineFailed, InvalidRequestError
 from engine.llm_engine import LLMEngine
 from serving.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
 from engine.outputs import RequestOutput
-from engine.request import Request
+from engine.scheduling.request import Request
 from engine.slo_class import SloClass, SloClasses, shipped_slo_classes
 
 log = logging.getLogger(__name__)

@@ -222,7 +222,7 @@ def enable_stack_dumps() -> None:
 
 
 def served_model_name(model: str | None) -> str:
-    from engine.checkpoint import BUNDLED_GGUF, DEFAULT_MODEL
+    from engine.model.checkpoint import BUNDLED_GGUF, DEFAULT_MODEL
 
     if model in (None, "", DEFAULT_MODEL, "default"):
         return BUNDLED_GGUF.split(".")[0]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Response
 
-from engine.error_budget import ErrorBudget
+from engine.scheduling.error_budget import ErrorBudget
 from engine.llm_engine import LLMEngine
 from serving.admin_api import add_admin_routes
 from serving.api_server import ServerState, build_app

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from engine.errors import EngineFailed
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
-from engine.request import FinishReason, Request
+from engine.scheduling.request import FinishReason, Request
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from simulation.cost_model import CostModel, StepShape, fit_cost_model
 from engine.llm_engine import LLMEngine
 from simulation.machine import machine_fingerprint
 from engine.outputs import StepRecord
-from engine.quantized_linear import CROSSOVER_ROWS   # step rows timed on both paths
-from engine.request import Request
+from engine.kernels.quantized_linear import CROSSOVER_ROWS   # step rows timed on both paths
+from engine.scheduling.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledRequest, ScheduleResult
+from engine.scheduling.scheduler import ScheduledRequest, ScheduleResult
 from policies.step_shape import attended_pairs, context_tokens
 from telemetry.other_load import OtherLoad
 
@@ -150,7 +150,7 @@ def measure_step_crossover(engine: LLMEngine, repeats: int, retakes: int | None 
     start-up's guess times one matrix alone; the whole step (attention, norms, the LM head beside the
     matmuls) is what the cost model prices, so the crossover is measured on it. Steps are decode
     batches up to CROSSOVER_DECODES rows and single prefill chunks above (where the interleaved VNNI
-    kernels still win, engine/csrc/qlinear_x16.c).
+    kernels still win, engine/kernels/csrc/qlinear_x16.c).
 
     With a `deadline` (time.monotonic()), no row count is started that the last one's timings,
     doubled, say would end past it; stopped so before a loss, the start-up's guess stands where it

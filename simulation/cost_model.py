@@ -32,7 +32,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from engine.outputs import StepRecord
-from engine.scheduler import ScheduleResult
+from engine.scheduling.scheduler import ScheduleResult
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.outputs import RequestRecord
-from engine.request import Request
+from engine.scheduling.request import Request
 from simulation.simulator import RequestLike, Simulator
 
 

@@ -28,7 +28,7 @@ def _cpu_fingerprint() -> str:
     name, flags = _cpu_info()
     cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
     isa = next((f for f in CPU_FEATURES if f in flags), "baseline")
-    # kernels capped below the CPU's best (engine/cpu_kernels.py) run at another speed: another machine
+    # kernels capped below the CPU's best (engine/kernels/cpu_kernels.py) run at another speed: another machine
     cap = os.environ.get("QLINEAR_ISA", "best")
     return f"cpu: {name}, {cores} cores, {isa}" + ("" if cap == "best" else f", kernels capped at {cap}")
 

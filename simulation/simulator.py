@@ -14,15 +14,15 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from engine.block_manager import BlockManager
-from engine.prefix_cache import PrefixCachingBlockManager
+from engine.kv_cache.block_manager import BlockManager
+from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
 from simulation.cost_model import CostModel
 from engine.llm_engine import request_record, step_record
 from engine.model_runner import StepTiming
 from engine.outputs import RequestRecord, StepRecord
-from engine.request import FinishReason, Request
+from engine.scheduling.request import FinishReason, Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduleResult, Scheduler
+from engine.scheduling.scheduler import ScheduleResult, Scheduler
 from engine.slo_class import SloClasses, shipped_slo_classes
 from policies import DEFAULT_POLICY, Knobs
 from policies.step_shape import attended_pairs, context_tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine.outputs import RequestRecord, StepRecord
-from engine.request import Request
+from engine.scheduling.request import Request
 from policies import Knobs
 from policies.knobs import KNOB_SPECS
 from engine.slo_class import SloClass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine import SamplingParams
-from engine.batch_layout import BatchLayout
+from engine.attention.batch_layout import BatchLayout
 from tests.conftest import make_engine
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine
-from engine.cpu_kernels import load_library
+from engine.kernels.cpu_kernels import load_library
 from policies import Knobs
 
 TINY_LLAMA = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

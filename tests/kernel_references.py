@@ -29,7 +29,7 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, tab
 
 def rotate_half(x: np.ndarray, cos: np.ndarray, signed_sin: np.ndarray) -> np.ndarray:
     """x * cos + roll(x, d/2) * signed_sin over the last axis (Hugging Face's rotate-half, with the first
-    half of the sine negated as engine/rope.py stores it); cos/sin broadcast over the heads axis."""
+    half of the sine negated as engine/attention/rope.py stores it); cos/sin broadcast over the heads axis."""
     return x * cos + np.roll(x, x.shape[-1] // 2, axis=-1) * signed_sin
 
 

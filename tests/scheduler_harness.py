@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
-from engine.request import FinishReason, Request
+from engine.kv_cache.block_manager import BlockManager
+from engine.scheduling.request import FinishReason, Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduleResult, Scheduler
+from engine.scheduling.scheduler import ScheduleResult, Scheduler
 from policies import Knobs
 from policies.view import is_decode
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager, OutOfBlocksError
+from engine.kv_cache.block_manager import BlockManager, OutOfBlocksError
 
 
 def test_allocate_grow_and_free_return_every_block():

@@ -118,7 +118,7 @@ def test_the_crossover_is_measured_on_whole_steps(q8_gguf, monkeypatch):
 
 def test_a_grid_point_knows_its_shape_unbuilt(tiny_hf):
     """GridPoint.shape() is what the built step computes: the budget prices points before measuring them."""
-    from engine.scheduler import ScheduleResult
+    from engine.scheduling.scheduler import ScheduleResult
     from simulation.cost_model import StepShape
 
     engine = make_engine(tiny_hf[0], num_kv_blocks=256, block_size=4)

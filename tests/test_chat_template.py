@@ -10,9 +10,9 @@ import logging
 import pytest
 
 from engine import ModelLoadError
-from engine.chat_template import ChatTemplate, ChatTemplateError, SpecialTokens
-from engine.checkpoint import _generation_eos, read_gguf
-from engine.tokenizer import load_tokenizer
+from engine.model.chat_template import ChatTemplate, ChatTemplateError, SpecialTokens
+from engine.model.checkpoint import _generation_eos, read_gguf
+from engine.model.tokenizer import load_tokenizer
 from tests.conftest import save_word_tokenizer
 from tests.gguf_writer import write_gguf
 
@@ -39,7 +39,7 @@ def chatml_tokenizer(path, template: str | None = CHATML):
 
 def test_the_models_own_template_gives_transformers_ids_and_its_stop_token(tmp_path, caplog):
     hf = chatml_tokenizer(tmp_path)
-    with caplog.at_level(logging.INFO, logger="engine.tokenizer"):
+    with caplog.at_level(logging.INFO, logger="engine.model.tokenizer"):
         ours = load_tokenizer("hf", str(tmp_path), 300)
     expected = hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
     assert ours.apply_chat_template(MESSAGES) == list(expected["input_ids"])
@@ -50,7 +50,7 @@ def test_the_models_own_template_gives_transformers_ids_and_its_stop_token(tmp_p
 
 def test_without_a_template_ours_serves_and_the_log_says_so(tmp_path, caplog):
     hf = chatml_tokenizer(tmp_path, template=None)
-    with caplog.at_level(logging.INFO, logger="engine.tokenizer"):
+    with caplog.at_level(logging.INFO, logger="engine.model.tokenizer"):
         ours = load_tokenizer("hf", str(tmp_path), 300)
     assert ours.chat_template is None
     assert ours.apply_chat_template(MESSAGES) == hf.encode("system: w5 w6\nuser: w7 w8 w9\nassistant: ")
@@ -63,7 +63,7 @@ def test_a_ggufs_template_and_end_of_turn_token(tiny_hf, tmp_path, caplog):
     write_gguf(tiny_hf[1], path, chat_template="{% for m in messages %}{{ m['content'] }}|{% endfor %}",
                eot_token_id=7)
     assert read_gguf(path).config.eos_token_ids == (2, 7)
-    with caplog.at_level(logging.INFO, logger="engine.tokenizer"):
+    with caplog.at_level(logging.INFO, logger="engine.model.tokenizer"):
         tok = load_tokenizer("gguf", path, 300)
     assert "from the GGUF's tokenizer.chat_template" in caplog.text
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == tok._tok.encode("hi|", add_special_tokens=False)

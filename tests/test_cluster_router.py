@@ -6,9 +6,9 @@ import pytest
 
 from cluster.prefix_index import PrefixIndex, prompt_block_keys
 from cluster.router import NoReplicaError, ReplicaLoad, Router, RouterConfig
-from engine.block_manager import BlockManager  # noqa: F401  (the engine imports cleanly beside the router)
-from engine.prefix_cache import PrefixCachingBlockManager
-from engine.request import Request
+from engine.kv_cache.block_manager import BlockManager  # noqa: F401  (the engine imports cleanly beside the router)
+from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
+from engine.scheduling.request import Request
 from engine.sampling_params import SamplingParams
 
 SYSTEM = list(range(100, 164))          # a 64-token shared prefix: 4 blocks of 16
@@ -149,7 +149,7 @@ def test_the_ingress_keys_a_request_by_the_prompt_the_replica_will_see():
     import json
 
     from cluster.prompt_key import NO_KEY, route_key
-    from engine.tokenizer import ByteTokenizer
+    from engine.model.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer(300)
     text = "x" * 40

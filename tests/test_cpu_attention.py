@@ -1,4 +1,4 @@
-"""The C kernel's paged decode attention (engine/cpu_attention.py) against the torch backend."""
+"""The C kernel's paged decode attention (engine/attention/cpu_attention.py) against the torch backend."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.attention import TorchAttention, make_attention_backend
+from engine.attention.backends import TorchAttention, make_attention_backend
 from engine.engine_config import EngineConfig
-from engine.cpu_kernels import load_library
+from engine.kernels.cpu_kernels import load_library
 from tests.attention_layouts import greedy_tokens_by_backend, make_layout
 
 LIBRARY = load_library()

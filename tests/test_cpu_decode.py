@@ -1,4 +1,4 @@
-"""Pure decode steps in one C call per layer (engine/cpu_decode.py, engine/csrc/decode_layer.c): the
+"""Pure decode steps in one C call per layer (engine/model/cpu_decode.py, engine/kernels/csrc/decode_layer.c): the
 same tokens as the model's Python path, the SiLU * up it adds against torch's, and where it applies."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_decode import CpuDecodeLayers
-from engine.cpu_kernels import fast_library, load_library
-from engine.model import RMSNorm
+from engine.model.cpu_decode import CpuDecodeLayers
+from engine.kernels.cpu_kernels import fast_library, load_library
+from engine.model.transformer import RMSNorm
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
 

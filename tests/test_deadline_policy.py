@@ -9,11 +9,11 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
+from engine.kv_cache.block_manager import BlockManager
 from simulation.cost_model import CostModel
-from engine.request import Request
+from engine.scheduling.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledRequest, ScheduleResult, Scheduler
+from engine.scheduling.scheduler import ScheduledRequest, ScheduleResult, Scheduler
 from engine.slo_class import SloClass
 from policies import Knobs, SchedulerView
 from policies.deadline import DeadlinePolicy, StepTime
@@ -286,13 +286,13 @@ def test_batch_requests_are_passed_only_by_requests_due_earlier(arrivals):
                 s.request.output_token_ids.append(9)
                 s.request.timings.token_times.append(clock[0])
                 if s.request.num_output_tokens >= 8:
-                    from engine.request import FinishReason
+                    from engine.scheduling.request import FinishReason
                     sched.finish(s.request, FinishReason.LENGTH)
     assert not pending and not sched.has_work(), "a request starved"
 
 
 def test_error_budget_counts_gaps_over_each_class_target_and_forgets_past_its_horizon():
-    from engine.error_budget import ErrorBudget
+    from engine.scheduling.error_budget import ErrorBudget
     budget = ErrorBudget(horizon_s=60.0)
     fast, slow = decode(0, 0.0), decode(1, 0.0, slo=BATCH)
     fast.timings.token_times[-1] = slow.timings.token_times[-1] = 0.0

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from engine import ModelLoadError
-from engine.checkpoint import gguf_architecture, read_hf_directory
-from engine.cpu_kernels import fast_library
-from engine.quantized_linear import QuantizedLinear, load_kernels
+from engine.model.checkpoint import gguf_architecture, read_hf_directory
+from engine.kernels.cpu_kernels import fast_library
+from engine.kernels.quantized_linear import QuantizedLinear, load_kernels
 from tests.conftest import assert_no_kv_leak, make_engine, save_hf_model
 from tests.gguf_writer import write_gguf
 from tests.test_hf_equivalence import hf_greedy, run_all
@@ -22,7 +22,7 @@ from tests.test_hf_equivalence import hf_greedy, run_all
 TOKENS = 32
 # LongRoPE with a pretraining length of 80 (< 512: an attention factor of 1.16), which prompt and generation
 # stay inside: past it transformers recomputes the whole sequence with the long factors, we do not
-# (engine/rope.py; test_longrope_tables_are_transformers_short_and_long_ones checks the long factors)
+# (engine/attention/rope.py; test_longrope_tables_are_transformers_short_and_long_ones checks the long factors)
 PHI3 = dict(original_max_position_embeddings=80,
             rope_scaling={"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
                           "long_factor": [1.0 + 2.0 * i for i in range(8)]})
@@ -119,7 +119,7 @@ def test_longrope_tables_are_transformers_short_and_long_ones(tmp_path):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from engine.model_config import ModelConfig
-    from engine.rope import RotaryEmbedding
+    from engine.attention.rope import RotaryEmbedding
 
     hf = save_hf_model(tmp_path, "phi3", **PHI3)
     ours = RotaryEmbedding(ModelConfig.from_hf_config(json.loads((tmp_path / "config.json").read_text())), 160)
@@ -135,7 +135,7 @@ def test_the_readme_table_names_what_is_supported():
     import re
     from pathlib import Path
 
-    from engine.checkpoint import GGUF_ARCHITECTURES
+    from engine.model.checkpoint import GGUF_ARCHITECTURES
     from engine.model_config import HF_FAMILIES
 
     rows = re.findall(r"^\| [^|]+ \| `(\w+)` \| `(\w+)` \|", (Path(__file__).parent.parent / "README.md").read_text(), re.M)
@@ -162,7 +162,7 @@ def test_a_qwen3_preset_builds_with_its_norms():
     """Random weights of a Qwen3 shape (the qwen3-0.6b preset's layout, tiny): the q/k norms are there."""
     import dataclasses
 
-    from engine.checkpoint import dummy_checkpoint
+    from engine.model.checkpoint import dummy_checkpoint
     from engine.model_config import PRESETS
     from engine.model_runner import build_model
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine import LLM, LLMEngine, EngineConfig, ModelLoadError, SamplingParams
-from engine.checkpoint import read_gguf
-from engine.quantized_linear import load_kernels
+from engine.model.checkpoint import read_gguf
+from engine.kernels.quantized_linear import load_kernels
 from tests.conftest import make_engine
 from tests.gguf_writer import write_gguf
 from tests.test_hf_equivalence import hf_greedy, prompts, run_all

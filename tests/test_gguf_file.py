@@ -1,4 +1,4 @@
-"""engine/gguf_file.py reads what gguf's own GGUFReader reads (metadata but the vocabulary's arrays, and
+"""engine/model/gguf_file.py reads what gguf's own GGUFReader reads (metadata but the vocabulary's arrays, and
 every tensor's name, shape, type and bytes), and refuses what is not a GGUF file."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import gguf
 import numpy as np
 import pytest
 
-from engine.checkpoint import bundled_model_path
-from engine.gguf_file import SKIPPED_ARRAYS, read_gguf_file
+from engine.model.checkpoint import bundled_model_path
+from engine.model.gguf_file import SKIPPED_ARRAYS, read_gguf_file
 
 
 def test_the_bundled_file_reads_as_gguf_reads_it() -> None:

@@ -1,4 +1,4 @@
-"""The tokenizer of a GGUF file, built without AutoTokenizer (engine/tokenizer.py), encodes and decodes as
+"""The tokenizer of a GGUF file, built without AutoTokenizer (engine/model/tokenizer.py), encodes and decodes as
 AutoTokenizer's does, with the same special tokens and chat template: on the bundled file, and on the real
 files of ../shared/models/get-model.sh where they are present."""
 
@@ -9,8 +9,8 @@ import os
 import pytest
 from transformers import AutoTokenizer
 
-from engine.checkpoint import bundled_model_path
-from engine.tokenizer import load_tokenizer
+from engine.model.checkpoint import bundled_model_path
+from engine.model.tokenizer import load_tokenizer
 
 MODELS_DIR = os.environ.get("MODELS_DIR", os.path.expanduser("~/.cache/autotuned-models"))
 REAL_FILES = ["qwen2.5-coder-0.5b.gguf", "gemma-3-270m.gguf"]

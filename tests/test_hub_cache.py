@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine import ModelLoadError
-from engine.checkpoint import resolve_model
+from engine.model.checkpoint import resolve_model
 from tests.conftest import make_engine
 from tests.test_hf_equivalence import hf_greedy, prompts, run_all
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.cpu_kernels import isa_cap
+from engine.kernels.cpu_kernels import isa_cap
 from simulation.machine import _cpu_fingerprint
 
 

@@ -1,4 +1,4 @@
-"""Differential fuzz of every C kernel (engine/csrc) against numpy: random shapes, odd and tiny ones
+"""Differential fuzz of every C kernel (engine/kernels/csrc) against numpy: random shapes, odd and tiny ones
 included, every quantization type, every instruction set this CPU runs, batches of 1-300 rows,
 paged attention over block tables with holes, strided and offset outputs.
 
@@ -25,9 +25,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from engine.attention import HeadShape
-from engine.cpu_kernels import ISAS, load_library
-from engine.quantized_linear import QuantizedTensor, load_kernels
+from engine.attention.backends import HeadShape
+from engine.kernels.cpu_kernels import ISAS, load_library
+from engine.kernels.quantized_linear import QuantizedTensor, load_kernels
 from tests import kernel_references as ref
 from tests.test_quantized_linear import quantize_activations, random_blocks, reference_weights
 
@@ -49,7 +49,7 @@ def isas_here() -> tuple[str, ...]:
 
 
 ISAS_HERE = isas_here()
-if LIBRARY is not None:   # entry points called directly here (engine/cpu_attention.py sets the same types)
+if LIBRARY is not None:   # entry points called directly here (engine/attention/cpu_attention.py sets the same types)
     LIBRARY.lib.paged_decode_attention.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_void_p] * 3
                                                    + [ctypes.c_int64] * 6 + [ctypes.c_float])
 GGUF_ISAS = tuple(i for i in ISAS_HERE if i != "avx512")
@@ -398,7 +398,7 @@ def draw_layer(case: int) -> LayerCase:
 def projection(types: tuple[T, ...], rows: list[int], cols: int, bias: bool, interleaved: bool,
                rng: np.random.Generator):
     """A QuantizedLinear of `rows` split into len(types) parts (one part: all rows in the first type)."""
-    from engine.quantized_linear import QuantizedLinear, QuantizedPath
+    from engine.kernels.quantized_linear import QuantizedLinear, QuantizedPath
     rows = rows if len(types) == len(rows) else [sum(rows)]
     parts = []
     for qtype, r in zip(types, rows):
@@ -425,9 +425,9 @@ def chained_layer(c: LayerCase, proj, norms, h, x, cos, sin, slots, caches, tabl
 
 @pytest.mark.parametrize("case", range(CASES))
 def test_decode_layer_matches_its_kernels_one_by_one(case):
-    """engine/csrc/decode_layer.c chains the kernels fuzzed above: the same results as the Python path's
-    calls one by one, from scratch buffers of exactly the sizes engine/cpu_decode.py allocates."""
-    from engine.cpu_decode import DecodeStep, LayerParams, qproj
+    """engine/kernels/csrc/decode_layer.c chains the kernels fuzzed above: the same results as the Python path's
+    calls one by one, from scratch buffers of exactly the sizes engine/model/cpu_decode.py allocates."""
+    from engine.model.cpu_decode import DecodeStep, LayerParams, qproj
     c = draw_layer(case)
     rng = rng_for("layer-data", case)
     n, q_rows, kv_rows = len(c.lens), c.heads * c.head_dim, c.kv_heads * c.head_dim

@@ -77,7 +77,7 @@ def test_prefill_first_never_mixes_and_orca_does():
     for policy, expect_mixed in (("prefill-first", False), ("orca", True), ("sarathi", True)):
         from tests.scheduler_harness import run as run_
         mixed = []
-        import engine.scheduler as es
+        import engine.scheduling.scheduler as es
         original = es.Scheduler.schedule
 
         def spy(self, _orig=original):

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import OutOfBlocksError
-from engine.prefix_cache import PrefixCachingBlockManager
-from engine.request import FinishReason, Request, RequestStatus
+from engine.kv_cache.block_manager import OutOfBlocksError
+from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
+from engine.scheduling.request import FinishReason, Request, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduling.scheduler import Scheduler
 from policies import POLICIES, Knobs
 from tests.conftest import assert_no_kv_leak, make_engine
 

@@ -1,4 +1,4 @@
-"""The quantized-weight kernels (engine/csrc/qlinear.c via engine/quantized_linear.py).
+"""The quantized-weight kernels (engine/kernels/csrc/qlinear.c via engine/kernels/quantized_linear.py).
 
 Tolerances, and why they hold:
 - dequantization: equal to the gguf package's reference within 1e-6 of the largest weight (the
@@ -26,11 +26,11 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from engine.engine_config import EngineConfig
-from engine.quantized_linear import (PANEL_ROWS, QUANT_TYPES, QuantizedEmbedding, QuantizedLinear, QuantizedPath,
+from engine.kernels.quantized_linear import (PANEL_ROWS, QUANT_TYPES, QuantizedEmbedding, QuantizedLinear, QuantizedPath,
                                      QuantizedTensor, UnsupportedQuantization, load_kernels, measure_crossover)
 
 KERNELS = load_kernels()
-pytestmark = pytest.mark.skipif(KERNELS is None, reason="engine/_cpu_kernels*.so not built (pip install -e .)")
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="engine/kernels/_cpu_kernels*.so not built (pip install -e .)")
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 X16_TYPES = TYPES
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
@@ -203,7 +203,7 @@ def bundled_tensors(*names: str):
 
 @functools.cache
 def bundled_reader() -> gguf.GGUFReader:
-    from engine.checkpoint import bundled_model_path
+    from engine.model.checkpoint import bundled_model_path
     return gguf.GGUFReader(bundled_model_path())
 
 
@@ -274,7 +274,7 @@ def test_fused_linear_of_mixed_types_both_paths(n):
 
 def test_dense_path_in_chunks_covers_every_row(monkeypatch):
     """Matrices larger than the scratch buffer are dequantized and multiplied a chunk of rows at a time."""
-    import engine.quantized_linear as ql
+    import engine.kernels.quantized_linear as ql
     layer, dense = fused_linear(0, bias=False)
     x = torch.randn(5, 256)
     whole = layer(x)
@@ -353,7 +353,7 @@ def test_quantized_model_generates_like_the_dequantized_one(mixed_gguf, max_rows
 
 def test_weights_option_is_checked():
     from engine import EngineConfig, ModelLoadError
-    from engine.checkpoint import load_checkpoint
+    from engine.model.checkpoint import load_checkpoint
     with pytest.raises(ValueError, match="unknown weights 'int4'"):
         EngineConfig(weights="int4").weights_mode()
     with pytest.raises(ValueError, match="runs on the CPU"):

@@ -1,4 +1,4 @@
-"""The CPU kernels' RMSNorm after the residual add (engine/csrc/rms_norm.c) against torch's."""
+"""The CPU kernels' RMSNorm after the residual add (engine/kernels/csrc/rms_norm.c) against torch's."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import load_library
-from engine.model import RMSNorm
+from engine.kernels.cpu_kernels import load_library
+from engine.model.transformer import RMSNorm
 
 LIBRARY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason="CPU kernels not built")

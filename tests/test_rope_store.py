@@ -1,4 +1,4 @@
-"""A decode step's rotary embedding and KV-cache write in one C pass (engine/csrc/rope_store.c)
+"""A decode step's rotary embedding and KV-cache write in one C pass (engine/kernels/csrc/rope_store.c)
 against the torch ops it replaces (engine.attention.split_rotated, then index_copy_ into the caches).
 The engine runs it in the CPU backend's pure decode steps: tests/test_cpu_attention.py's greedy tokens
 under both backends cover that path."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import HeadShape, split_rotated
-from engine.cpu_kernels import load_library
+from engine.attention.backends import HeadShape, split_rotated
+from engine.kernels.cpu_kernels import load_library
 from engine.model_config import RopeScaling
-from engine.rope import RotaryEmbedding
+from engine.attention.rope import RotaryEmbedding
 
 LIBRARY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason="CPU kernels not built")

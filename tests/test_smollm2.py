@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.checkpoint import bundled_model_path
+from engine.model.checkpoint import bundled_model_path
 from tests.conftest import assert_no_kv_leak
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """The C kernels' thread pool under a worker that starts its jobs late (as a descheduled one does on a
 2-core machine): every chunk of every job runs exactly once, and ThreadSanitizer sees no data race in
-it. Built here from engine/csrc/thread_pool.c with a delay compiled in (POOL_TEST_DELAY), which the
+it. Built here from engine/kernels/csrc/thread_pool.c with a delay compiled in (POOL_TEST_DELAY), which the
 daemon's build leaves out."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ CC = shutil.which("cc") or shutil.which("gcc")
 
 def build_pool(tmp_path: Path, delay: int) -> ctypes.CDLL:
     out = tmp_path / f"pool_stress_{delay}.so"
-    subprocess.run([CC, "-O2", "-shared", "-fPIC", f"-DPOOL_TEST_DELAY={delay}", f"-I{ROOT / 'engine/csrc'}",
-                    str(ROOT / "engine/csrc/thread_pool.c"), str(ROOT / "tests/csrc/pool_stress.c"),
+    subprocess.run([CC, "-O2", "-shared", "-fPIC", f"-DPOOL_TEST_DELAY={delay}", f"-I{ROOT / 'engine/kernels/csrc'}",
+                    str(ROOT / "engine/kernels/csrc/thread_pool.c"), str(ROOT / "tests/csrc/pool_stress.c"),
                     "-o", str(out), "-lpthread"], check=True)
     lib = ctypes.CDLL(str(out))
     lib.pool_stress.restype = ctypes.c_int64
@@ -39,7 +39,7 @@ def test_every_chunk_runs_once_when_a_worker_starts_late(tmp_path, delay):
 def build_tsan(tmp_path: Path, name: str, sources: list[str], flags: tuple[str, ...] = ()) -> Path | None:
     """A ThreadSanitizer program, or None where this compiler or kernel cannot build or run one."""
     out = tmp_path / name
-    built = subprocess.run([CC, "-O1", "-g", "-fsanitize=thread", *flags, f"-I{ROOT / 'engine/csrc'}", *sources,
+    built = subprocess.run([CC, "-O1", "-g", "-fsanitize=thread", *flags, f"-I{ROOT / 'engine/kernels/csrc'}", *sources,
                             "-o", str(out), "-lpthread"], capture_output=True, text=True)
     return out if built.returncode == 0 else None
 
@@ -54,7 +54,7 @@ def test_the_pool_has_no_data_race_under_thread_sanitizer(tmp_path, delay):
     tsan_ok = build_tsan(tmp_path, "probe", [str(probe)])
     if tsan_ok is None or subprocess.run([str(tsan_ok)], capture_output=True).returncode != 0:
         pytest.skip("this compiler or kernel cannot build and run a ThreadSanitizer program")
-    program = build_tsan(tmp_path, f"pool_stress_{delay}", [str(ROOT / "engine/csrc/thread_pool.c"),
+    program = build_tsan(tmp_path, f"pool_stress_{delay}", [str(ROOT / "engine/kernels/csrc/thread_pool.c"),
                          str(ROOT / "tests/csrc/pool_stress.c"), str(ROOT / "tests/csrc/pool_stress_main.c")],
                          (f"-DPOOL_TEST_DELAY={delay}",))
     assert program is not None

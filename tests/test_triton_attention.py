@@ -19,9 +19,9 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from engine.attention import TorchAttention, make_attention_backend  # noqa: E402
-from engine.batch_layout import BatchLayout  # noqa: E402
-from engine.triton_attention import TritonAttention  # noqa: E402
+from engine.attention.backends import TorchAttention, make_attention_backend  # noqa: E402
+from engine.attention.batch_layout import BatchLayout  # noqa: E402
+from engine.attention.triton_attention import TritonAttention  # noqa: E402
 from tests.attention_layouts import greedy_tokens_by_backend, make_layout  # noqa: E402
 
 H, KVH = 4, 2

@@ -1,4 +1,4 @@
-/* Test harness for engine/csrc/thread_pool.c (tests/test_thread_pool.py): jobs of few and many
+/* Test harness for engine/kernels/csrc/thread_pool.c (tests/test_thread_pool.py): jobs of few and many
  * chunks in turn, each unit of work counting how often it ran; every unit must run once per job. */
 #include <stdatomic.h>
 #include <stdint.h>

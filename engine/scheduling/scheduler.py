@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from engine.block_manager import BlockManager
-from engine.error_budget import ErrorBudget
-from engine.request import FinishReason, Request, RequestStatus
+from engine.kv_cache.block_manager import BlockManager
+from engine.scheduling.error_budget import ErrorBudget
+from engine.scheduling.request import FinishReason, Request, RequestStatus
 from policies import DEFAULT_POLICY, BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
 from policies.step_shape import attended_pairs, context_tokens, samples

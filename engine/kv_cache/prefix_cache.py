@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.block_manager import BlockManager, OutOfBlocksError
+from engine.kv_cache.block_manager import BlockManager, OutOfBlocksError
 
 if TYPE_CHECKING:
-    from engine.request import Request
+    from engine.scheduling.request import Request
 
 NO_SALT_ROOT = hashlib.sha256(b"autotuned-serve prefix cache v1").digest()
 

@@ -4,7 +4,7 @@ Every reader returns a Checkpoint with a ModelConfig and a state dict in Hugging
 LlamaForCausalLM naming (float32 or the checkpoint's dtype; Qwen3's q_norm/k_norm beside it, Phi-3's
 projections fused as it stores them: qkv_proj, gate_up_proj; Gemma 3's four norms per layer, as 1 + w); `fuse_projections` then maps it onto
 engine.model's fused layout. With weights "auto" or "quantized", a GGUF's quantized matrices stay as
-stored (Checkpoint.quantized, engine/quantized_linear.py) instead of being dequantized.
+stored (Checkpoint.quantized, engine/kernels/quantized_linear.py) instead of being dequantized.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from engine.errors import ModelLoadError
-from engine.gguf_file import GgufFile, read_gguf_file
-from engine.hub_cache import looks_like_repo_id, resolve_repo_id
+from engine.model.gguf_file import GgufFile, read_gguf_file
+from engine.model.hub_cache import looks_like_repo_id, resolve_repo_id
 from engine.model_config import FULL, PRESETS, SLIDING, ModelConfig, RopeScaling, cap_to_window, rope_scaling_from
-from engine.quantized_linear import QuantizedTensor, is_supported, load_kernels
+from engine.kernels.quantized_linear import QuantizedTensor, is_supported, load_kernels
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ _GGUF_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_nor
 
 
 def read_gguf(path: str, keep_quantized: bool = False) -> Checkpoint:
-    """Read the file (engine/gguf_file.py), dequantize every tensor with the `gguf` package (keep_quantized:
+    """Read the file (engine/model/gguf_file.py), dequantize every tensor with the `gguf` package (keep_quantized:
     not the 2-D weights of a type the kernels run, which stay as stored) and undo llama.cpp's q/k row
     permutation."""
     import gguf
@@ -322,7 +322,7 @@ def _gguf_config(meta: dict[str, Any], shapes: dict[str, list[int]], rope_factor
         num_heads=heads,
         num_kv_heads=int(g("attention.head_count_kv", heads)),
         head_dim=head_dim,
-        # Gemma 3 attends within its window (engine/attention.py); others' windows cap the length
+        # Gemma 3 attends within its window (engine/attention/backends.py); others' windows cap the length
         max_position_embeddings=max_positions if arch == "gemma3" else cap_to_window(max_positions,
                                                                                   g("attention.sliding_window")),
         rms_norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
@@ -433,7 +433,7 @@ def fuse_projections(state: dict[str, torch.Tensor], config: ModelConfig) -> dic
 
 
 def fuse_quantized(quantized: dict[str, QuantizedTensor], config: ModelConfig) -> dict[str, list[QuantizedTensor]]:
-    """engine.model module name -> the quantized matrices it concatenates (a fused projection is quantized
+    """engine.model.transformer module name -> the quantized matrices it concatenates (a fused projection is quantized
     only when all its parts are; its parts may differ in type)."""
     fused: dict[str, list[QuantizedTensor]] = {}
     if "model.embed_tokens.weight" in quantized:

@@ -7,7 +7,7 @@ start of a stop string is held back until it is known not to be one.
 
 from __future__ import annotations
 
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 
 class Detokenizer:

@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from engine.prefix_cache import PrefixState
+from engine.kv_cache.prefix_cache import PrefixState
 from engine.sampling_params import SamplingParams
 from engine.slo_class import DEFAULT_CLASS, SloClass
 
@@ -58,7 +58,7 @@ class Request:
     tbt_target_s: float = field(init=False)
     tbt_tolerance: float = field(init=False)     # share of its gaps the TBT percentile lets run long (0.01 at P99)
     long_gaps: int = 0                           # token gaps over tbt_target_s so far (ErrorBudget counts them)
-    # prefix caching (engine/prefix_cache.py): the tenant's salt, whether its blocks may be shared at all
+    # prefix caching (engine/kv_cache/prefix_cache.py): the tenant's salt, whether its blocks may be shared at all
     # (the simulator's requests without shared content are not, to skip hashing them), its cache state
     cache_salt: str | None = None
     cacheable: bool = True

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.batch_layout import BatchLayout
-from engine.cpu_kernels import fast_library, load_library
-from engine.rope import rotate
+from engine.attention.batch_layout import BatchLayout
+from engine.kernels.cpu_kernels import fast_library, load_library
+from engine.attention.rope import rotate
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ def make_attention_backend(name: str, scale: float, device: str = "cpu",
         if library is None:
             raise ImportError("attention backend 'cpu' needs the CPU kernels, which were not built "
                               "(reinstall with pip install -e .); use 'torch' or 'auto'")
-        from engine.cpu_attention import CpuPagedAttention
+        from engine.attention.cpu_attention import CpuPagedAttention
         return CpuPagedAttention(scale, library)
     if name == "triton":
         if not _triton_available():
@@ -273,7 +273,7 @@ def make_attention_backend(name: str, scale: float, device: str = "cpu",
         if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"attention backend 'triton' runs on CUDA, not {device!r} "
                              "(on CPU only under TRITON_INTERPRET=1, for tests); use 'torch' or 'auto'")
-        from engine.triton_attention import TritonAttention  # lazy: triton is optional and slow to import
+        from engine.attention.triton_attention import TritonAttention  # lazy: triton is optional and slow to import
         return TritonAttention(scale)
     raise ValueError(f"unknown attention backend {name!r}: expected one of {', '.join(BACKENDS)}")
 

@@ -1,11 +1,11 @@
 """Linear layers and embeddings on a GGUF's quantized weights, in GGUF's own block layout or interleaved.
 
-The kernels are engine/csrc/qlinear.c, in the library of engine/cpu_kernels.py. A decode step
+The kernels are engine/kernels/csrc/qlinear.c, in the library of engine/kernels/cpu_kernels.py. A decode step
 streams every weight once: Q4_1's 0.625 bytes per weight instead of fp32's 4 is what makes it
 faster, so the kernels run steps of up to `max_rows` rows (16-bit dot products below PANEL_ROWS
 rows, fp32 tiles on panels dequantized into L1 from there). Where the CPU has AVX2 (and faster
 with AVX-512 VNNI), the loader interleaves the rows of every type (Q4_0/Q4_1/Q5_0/Q8_0 and the
-K-quants Q4_K/Q5_K/Q6_K) in groups of 16 for engine/csrc/qlinear_x16.c, whose 16-bit products run at
+K-quants Q4_K/Q5_K/Q6_K) in groups of 16 for engine/kernels/csrc/qlinear_x16.c, whose 16-bit products run at
 every row count (`QuantKernels.interleave`).
 A larger step may go faster on MKL's fp32 GEMM; those steps dequantize each weight (a chunk at a
 time, into a reused buffer) and call torch's matmul, so no dense copy of the model is kept.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.cpu_kernels import CpuLibrary, load_library
+from engine.kernels.cpu_kernels import CpuLibrary, load_library
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 QUANT_TYPES: dict[int, tuple[str, int, int]] = {
     2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
     13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
-# GGML type id -> bytes per row and block on interleaved rows (engine/csrc/qlinear_x16.c): GGUF's own for
+# GGML type id -> bytes per row and block on interleaved rows (engine/kernels/csrc/qlinear_x16.c): GGUF's own for
 # Q4_0/Q4_1/Q5_0/Q8_0/Q6_K; Q4_K's and Q5_K's 6-bit scales and mins take a byte each
 INTERLEAVED_BLOCK_BYTES: dict[int, int] = {2: 18, 3: 20, 6: 22, 8: 34, 12: 148, 13: 180, 14: 210}
 INTERLEAVE_ROWS = 16
@@ -69,7 +69,7 @@ class QuantizedTensor:
     cols: int
     data: torch.Tensor          # uint8 [rows, bytes per row]
     name: str = ""
-    interleaved: bool = False   # rows in groups of 16 (engine/csrc/qlinear_x16.c), not GGUF's row after row
+    interleaved: bool = False   # rows in groups of 16 (engine/kernels/csrc/qlinear_x16.c), not GGUF's row after row
 
     def __post_init__(self) -> None:
         label = f"tensor {self.name!r}: " if self.name else ""
@@ -100,7 +100,7 @@ class QuantizedTensor:
 
     @property
     def interleavable(self) -> bool:
-        """The interleaved kernels (engine/csrc/qlinear_x16.c) have a layout for it (whole groups of 16 rows)."""
+        """The interleaved kernels (engine/kernels/csrc/qlinear_x16.c) have a layout for it (whole groups of 16 rows)."""
         return not self.interleaved and self.qtype in INTERLEAVED_BLOCK_BYTES and self.rows % INTERLEAVE_ROWS == 0
 
     def take_rows(self, index: torch.Tensor) -> QuantizedTensor:
@@ -189,7 +189,7 @@ class QuantKernels:
         return out
 
     def interleave(self, w: QuantizedTensor) -> QuantizedTensor:
-        """w with its rows interleaved in groups of 16 for engine/csrc/qlinear_x16.c (GGUF's bits, moved)."""
+        """w with its rows interleaved in groups of 16 for engine/kernels/csrc/qlinear_x16.c (GGUF's bits, moved)."""
         out = torch.empty(w.rows, w.cols // QUANT_TYPES[w.qtype][1] * INTERLEAVED_BLOCK_BYTES[w.qtype], dtype=torch.uint8)
         self._check(self.lib.qlin_x16_repack(w.qtype, w.data.data_ptr(), w.rows, w.cols, out.data_ptr()), w)
         return QuantizedTensor(w.qtype, w.rows, w.cols, out, w.name, interleaved=True)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine import triton_kernels
-from engine.attention import HeadShape, split_rotated
-from engine.batch_layout import BatchLayout
+from engine.kernels import triton_kernels
+from engine.attention.backends import HeadShape, split_rotated
+from engine.attention.batch_layout import BatchLayout
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Tokenizers: the checkpoint's own (from a GGUF or an HF directory) or a byte-level one for presets,
-each with its chat template: the model's own where it has one (engine/chat_template.py), else ours."""
+each with its chat template: the model's own where it has one (engine/model/chat_template.py), else ours."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any, Protocol
 
-from engine.chat_template import ChatTemplate, ChatTemplateError, SpecialTokens, builtin_template
+from engine.model.chat_template import ChatTemplate, ChatTemplateError, SpecialTokens, builtin_template
 from engine.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ def _template_source(kind: str, location: str, tok: Any,
                      gguf_metadata: dict[str, Any] | None) -> tuple[str | None, str]:
     if kind == "gguf":
         if gguf_metadata is None:
-            from engine.checkpoint import read_gguf_metadata
+            from engine.model.checkpoint import read_gguf_metadata
             gguf_metadata = read_gguf_metadata(location)
         return gguf_metadata.get("tokenizer.chat_template"), "the GGUF's tokenizer.chat_template"
     source = getattr(tok, "chat_template", None)

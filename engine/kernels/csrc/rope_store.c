@@ -5,7 +5,7 @@
  * a SmolLM2 decode step. Here each token's row of qkv is read once: its query heads are rotated
  * into q_out, its key heads rotated and its value heads copied into their cache slot (fp32 or fp16).
  * Rotation: Hugging Face's rotate-half, x * cos + roll(x, D/2) * ssin, with the first half of ssin
- * negated (engine/rope.py's tables).
+ * negated (engine/attention/rope.py's tables).
  */
 #include "half.h"
 #include "isa.h"

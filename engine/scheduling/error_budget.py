@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from engine.request import Request
+from engine.scheduling.request import Request
 
 # The default for an engine used alone (the offline LLM API, the simulator, tests). The daemon passes
 # the controller's context_window_s instead (serving/daemon.py), the horizon its windows' P99 is read on.

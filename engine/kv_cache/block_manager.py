@@ -1,6 +1,6 @@
 """The KV block pool: fixed-size blocks handed out to requests, with reference counts.
 
-Reference counts let blocks be shared (forks; engine/prefix_cache.py's pool shares cached prefixes);
+Reference counts let blocks be shared (forks; engine/kv_cache/prefix_cache.py's pool shares cached prefixes);
 a block returns to the free list when its count drops to zero. They are a plain list: the scheduler (and the simulator, ~200 blocks
 per freed long request) touches them one block at a time, where numpy's scalar indexing costs ~10x.
 """

@@ -1,7 +1,7 @@
 """A Llama-family decoder in plain torch over a flattened, variable-length batch.
 
 Covers SmolLM2, Llama 2/3, Mistral (full attention), Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm),
-Phi-3 (LongRoPE, in engine/rope.py) and Gemma 3 (GemmaBlock: four norms per layer, GeGLU, scaled
+Phi-3 (LongRoPE, in engine/attention/rope.py) and Gemma 3 (GemmaBlock: four norms per layer, GeGLU, scaled
 embeddings, sliding-window layers with their own RoPE base, beside global ones). Parameter names follow Hugging Face's LlamaForCausalLM except
 that q/k/v and gate/up are fused into one matmul each (as Phi-3 stores them), which the loader does when
 it reads a checkpoint.
@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend, HeadShape
-from engine.cpu_kernels import CpuLibrary, fast_library
+from engine.attention.backends import AttentionBackend, HeadShape
+from engine.kernels.cpu_kernels import CpuLibrary, fast_library
 from engine.model_config import ModelConfig, RopeScaling
-from engine.rope import RotaryEmbedding
+from engine.attention.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from engine.cpu_decode import CpuDecodeLayers
+    from engine.model.cpu_decode import CpuDecodeLayers
 
 
 class RMSNorm(nn.Module):

@@ -1,5 +1,5 @@
 """Pure decode steps of an fp32 model on quantized weights: one C call per decoder layer
-(engine/csrc/decode_layer.c) instead of ~15 Python-level calls.
+(engine/kernels/csrc/decode_layer.c) instead of ~15 Python-level calls.
 
 With the weights on 4-bit kernels a SmolLM2 decode step at batch 1 spent about as long in each layer's
 module dispatch, argument checks, ctypes calls and small torch ops as in its matmuls; the C layer
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cpu_attention import CpuAttentionMetadata, CpuPagedAttention
-from engine.cpu_kernels import CpuLibrary, fast_library
-from engine.quantized_linear import QuantizedLinear, QuantizedPath
+from engine.attention.cpu_attention import CpuAttentionMetadata, CpuPagedAttention
+from engine.kernels.cpu_kernels import CpuLibrary, fast_library
+from engine.kernels.quantized_linear import QuantizedLinear, QuantizedPath
 
 c_int, c_i64, c_ptr, c_float = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 

@@ -1,9 +1,9 @@
-"""The C library of CPU kernels: linear layers on GGUF's quantized weights (engine/csrc/qlinear.c,
-qlinear_x16.c), paged decode attention (engine/csrc/paged_attention.c), a decode step's rotary
+"""The C library of CPU kernels: linear layers on GGUF's quantized weights (engine/kernels/csrc/qlinear.c,
+qlinear_x16.c), paged decode attention (engine/kernels/csrc/paged_attention.c), a decode step's rotary
 embedding and KV-cache write (rope_store.c) and RMSNorm after the residual add (rms_norm.c), sharing
 one thread pool (thread_pool.c).
 
-Built by the install step into engine/_cpu_kernels*.so and loaded with ctypes: no Python API, so
+Built by the install step into engine/kernels/_cpu_kernels*.so and loaded with ctypes: no Python API, so
 nothing about torch at build time, and ctypes drops the GIL during a call. Optional: where it was
 not built or does not load, `load_library` says so once in the log and returns None, and callers
 fall back to torch (dequantized weights, gather-then-SDPA attention).
@@ -57,7 +57,7 @@ class CpuLibrary:
 
     def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> torch.Tensor:
-        """RMSNorm(h) * weight, after h += delta in place where delta is given (engine/csrc/rms_norm.c);
+        """RMSNorm(h) * weight, after h += delta in place where delta is given (engine/kernels/csrc/rms_norm.c);
         fp32, contiguous rows."""
         d = h.shape[-1]
         assert h.dtype == weight.dtype == torch.float32 and h.is_contiguous() and weight.shape == (d,)
@@ -70,7 +70,7 @@ class CpuLibrary:
     def rope_store(self, qkv: torch.Tensor, heads, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """The rotated queries [T, H, D] of a fused projection's output qkv [T, (H + 2 KVH) * D], with its
-        rotated keys and its values written to their cache slots (engine/csrc/rope_store.c); fp32 qkv,
+        rotated keys and its values written to their cache slots (engine/kernels/csrc/rope_store.c); fp32 qkv,
         fp32 or fp16 caches. heads: an engine.attention.HeadShape; cos/sin: RotaryEmbedding.lookup's."""
         tokens, dim = qkv.shape[0], heads.head_dim
         assert qkv.dtype == cos.dtype == sin.dtype == torch.float32 and qkv.stride(1) == 1
@@ -93,7 +93,7 @@ class CpuLibrary:
 
 
 def library_path() -> str | None:
-    """$AUTOTUNED_SERVE_CPU_KERNELS where set, else engine/_cpu_kernels<suffix>.so next to this file
+    """$AUTOTUNED_SERVE_CPU_KERNELS where set, else engine/kernels/_cpu_kernels<suffix>.so next to this file
     (build_ext --inplace, editable installs), or wherever the import system would find it (it is
     located, never imported: it has no Python API)."""
     override = os.environ.get(LIBRARY_ENV)

@@ -1,4 +1,4 @@
-"""Decode attention read in place from the paged KV cache by the C kernel (engine/csrc/paged_attention.c).
+"""Decode attention read in place from the paged KV cache by the C kernel (engine/kernels/csrc/paged_attention.c).
 
 The torch backend gathers every decode's keys and values into a padded buffer for SDPA: each cached
 byte is read, written and read again, padded to the longest sequence. In a chat batch on the CPU
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention import (HeadShape, TorchAttention, TorchAttentionMetadata, block_table_matrix, decode_keys,
+from engine.attention.backends import (HeadShape, TorchAttention, TorchAttentionMetadata, block_table_matrix, decode_keys,
                               prefill_chunks)
-from engine.batch_layout import BatchLayout
-from engine.cpu_kernels import CpuLibrary
+from engine.attention.batch_layout import BatchLayout
+from engine.kernels.cpu_kernels import CpuLibrary
 
 
 KV_DTYPES = (torch.float32, torch.float16)   # what the kernel reads; it computes in fp32

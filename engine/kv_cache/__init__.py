@@ -1,0 +1,1 @@
+"""The paged KV cache: block manager and prefix cache."""

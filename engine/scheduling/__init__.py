@@ -1,0 +1,1 @@
+"""Requests, the scheduler and its error budget."""
