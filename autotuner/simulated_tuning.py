@@ -32,21 +32,23 @@ from telemetry.window import TelemetryWindow, meets_slo
 VLLM_DEFAULTS = {"vllm_default_2048": ("sarathi", Knobs(token_budget=2048, max_num_seqs=256)),
                  "vllm_default_8192": ("sarathi", Knobs(token_budget=8192, max_num_seqs=256))}
 PLAIN_POLICY = "adaptive"      # token budget and priority only: the inner loop off, for the ablation
-REPORT_WINDOW_S = 30.0
+# A run is judged in fixed 30-s bins by finish time (bin_verdicts), not in the controller's tuning
+# windows, whose length moves with the rate: bins line up across runs of different configurations.
+BIN_S = 30.0
 
 
 @dataclass(frozen=True)
 class RunResult:
     goodput_rps: float
     slo_attainment: float | None
-    violating_window_fraction: float
+    violating_bin_fraction: float      # share of 30-s bins violating the SLO
     duration_s: float
     good_by_phase: dict[str, int]      # requests that met the SLO, per workload phase
 
 
 def evaluate_static(specs: list[RequestSpec], cost: CostModel, policy: str, knobs: Knobs, slo: SloClass) -> RunResult:
     run = simulate(specs, cost, policy, knobs, slo)
-    return RunResult(run.summary.goodput_rps, run.summary.slo_attainment, violating_fraction(run.records, slo),
+    return RunResult(run.summary.goodput_rps, run.summary.slo_attainment, violating_bin_fraction(run.records, slo),
                      run.summary.duration_s, good_by_phase(specs, run.records, slo))
 
 
@@ -90,21 +92,21 @@ def per_phase_best_goodput(grid: list[RunResult], duration_s: float) -> float:
     return sum(max(r.good_by_phase.get(phase, 0) for r in grid) for phase in phases) / duration_s
 
 
-def violating_fraction(records: list[RequestRecord], slo: SloClass, window_s: float = REPORT_WINDOW_S,
-                       start_s: float = 0.0) -> float:
-    """Share of fixed windows (by finish time, from `start_s`) whose P50 TTFT or P99 TBT missed the SLO."""
-    verdicts = window_verdicts(records, slo, window_s, start_s)
+def violating_bin_fraction(records: list[RequestRecord], slo: SloClass, bin_s: float = BIN_S,
+                           start_s: float = 0.0) -> float:
+    """Share of fixed bins (by finish time, from `start_s`) whose P50 TTFT or P99 TBT missed the SLO."""
+    verdicts = bin_verdicts(records, slo, bin_s, start_s)
     return verdicts.count(False) / len(verdicts) if verdicts else 0.0
 
 
-def window_verdicts(records: list[RequestRecord], slo: SloClass, window_s: float = REPORT_WINDOW_S,
-                    start_s: float = 0.0) -> list[bool]:
-    """Per fixed window by finish time from `start_s` to the last finish: whether its P50 TTFT and
-    P99 TBT met the SLO (a window where nothing finished met it)."""
+def bin_verdicts(records: list[RequestRecord], slo: SloClass, bin_s: float = BIN_S,
+                 start_s: float = 0.0) -> list[bool]:
+    """Per fixed bin by finish time from `start_s` to the last finish: whether its P50 TTFT and
+    P99 TBT met the SLO (a bin where nothing finished met it)."""
     bins: dict[int, list[RequestRecord]] = {}
     for r in records:
         if r.finished >= start_s:
-            bins.setdefault(int((r.finished - start_s) // window_s), []).append(r)
+            bins.setdefault(int((r.finished - start_s) // bin_s), []).append(r)
     verdicts = []
     for i in range(max(bins) + 1 if bins else 0):
         ttft = [r.ttft_s for r in bins.get(i, []) if r.ttft_s is not None]
@@ -167,11 +169,12 @@ def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SloC
         "ratio_tuned_over": {k: (goodput["tuned"] / v if v else None) for k, v in goodput.items() if k != "tuned"},
         "slo_attainment": {"tuned": tuned.slo_attainment, "best_static": static.slo_attainment,
                            **{name: r.slo_attainment for name, r in baselines.items()}},
-        "unsafe_window_fraction": controller.violations / max(1, controller.windows),
-        "exploring_unsafe_window_fraction": controller.exploring_violations / max(1, controller.exploring_windows),
-        "violating_window_fraction": {"tuned": violating_fraction(records, slo), "best_static":
-                                      static.violating_window_fraction,
-                                      **{n: r.violating_window_fraction for n, r in baselines.items()}},
+        "unsafe_tuning_window_fraction": controller.violations / max(1, controller.windows),
+        "exploring_unsafe_tuning_window_fraction":
+            controller.exploring_violations / max(1, controller.exploring_windows),
+        "violating_bin_fraction": {"tuned": violating_bin_fraction(records, slo),
+                                   "best_static": static.violating_bin_fraction,
+                                   **{n: r.violating_bin_fraction for n, r in baselines.items()}},
         "policy": settings.policy,
         "best_static_knobs": static_params,
         "good_requests_by_phase": {"tuned": good_by_phase(specs, records, slo), "best_static": static.good_by_phase,
@@ -180,7 +183,7 @@ def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SloC
                                    **{n: r.good_by_phase for n, r in baselines.items()}},
         "per_phase_best_knobs": per_phase_best_knobs(grid),
         **plain_knobs,
-        "windows": controller.windows,
+        "tuning_windows": controller.windows,
         "regimes": regime_summaries(controller),
         "num_requests": len(specs),
         "simulated_s": round(duration, 1),

@@ -36,7 +36,7 @@ class TunerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.decisions = Counter(P + "tuner_decisions", "Tuner decisions by action.", ["action"], registry=r)
-        self.violations = Counter(P + "tuner_violating_windows", "Measured windows that missed the SLO.", registry=r)
+        self.violations = Counter(P + "tuner_violating_windows", "Tuning windows that missed the SLO.", registry=r)
         self.failures = Counter(P + "tuner_failures", "Failures of the tuner's own work (warm start, TPE sample) "
                                 "by stage; serving goes on, on the last good knobs.", ["stage"], registry=r)
         for stage in STAGES:

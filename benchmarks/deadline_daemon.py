@@ -18,7 +18,7 @@ import yaml
 
 from bench_common import MachineInfo, emit_summary
 from tuning_shift import start_daemon, stop_daemon
-from autotuner.simulated_tuning import violating_fraction
+from autotuner.simulated_tuning import violating_bin_fraction
 from loadgen.bench_client import BenchOptions, BenchRun, make_prompts, run_bench
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from loadgen.workload import generate, load_workload
@@ -52,17 +52,17 @@ def settings_for(name: str, slo: SloClass, port: int, state_dir: str) -> dict:
     return common | {"policy": policy, "knobs": {"token_budget": int(budget)} | extra}
 
 
-def windows_meeting_slo(run: BenchRun, slo: SloClass) -> dict[str, float]:
-    """Per SLO class, the share of 30 s windows (by finish time) whose P50 TTFT and P99 TBT met the
+def bins_meeting_slo(run: BenchRun, slo: SloClass) -> dict[str, float]:
+    """Per SLO class, the share of 30-s bins (by finish time) whose P50 TTFT and P99 TBT met the
     class's targets (the run's SLO for the default class), as `tune --simulate` counts violating
-    windows (pooled over the requests that produced tokens)."""
+    bins (pooled over the requests that produced tokens)."""
     end = max((r.finished for r in run.results if r.finished is not None), default=run.start)
-    # windows from the run's start: violating_fraction counts them from time 0
+    # bins from the run's start: violating_bin_fraction counts them from time 0
     records = [replace(record, finished=record.finished - run.start) for record in (r.record(end) for r in run.results)]
     by_class: dict[str, list] = {}
     for record in records:
         by_class.setdefault(record.slo_class, []).append(record)
-    return {name: 1.0 - violating_fraction(group, SloClass(ttft_s=group[0].slo_ttft_s or slo.ttft_s,
+    return {name: 1.0 - violating_bin_fraction(group, SloClass(ttft_s=group[0].slo_ttft_s or slo.ttft_s,
                                                             tbt_s=group[0].slo_tbt_s or slo.tbt_s))
             for name, group in by_class.items()}
 
@@ -80,7 +80,7 @@ def run_one(name: str, specs, prompts, slo: SloClass, args: argparse.Namespace) 
     result = {"ttft_p50_s": summary.ttft_p50_s, "tbt_p99_s": summary.tbt_p99_s, "tbt_p50_s": summary.tbt_p50_s,
               "goodput_rps": summary.goodput_rps, "slo_attainment": summary.slo_attainment,
               "failed": summary.num_failed, "by_class": summary.by_class,
-              "windows_meeting_slo": windows_meeting_slo(run, slo),
+              "bins_meeting_slo": bins_meeting_slo(run, slo),
               "meets_capacity_criterion": bool(summary.ttft_p50_s is not None and summary.ttft_p50_s <= slo.ttft_s
                                                and summary.tbt_p99_s is not None and summary.tbt_p99_s <= slo.tbt_s)}
     print(f"{name}: {result}", file=sys.stderr)

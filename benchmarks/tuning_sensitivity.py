@@ -27,7 +27,7 @@ from typing import Any
 from autotuner.controller import ControllerSettings
 from autotuner.search_space import SearchSpace, load_search_space
 from autotuner.simulated_tuning import (best_of, evaluate_static, good_by_phase, static_grid, tune_on_simulator,
-                                  violating_fraction)
+                                        violating_bin_fraction)
 from simulation.cost_model_files import resolve_cost_model
 from loadgen.workload import generate, load_workload
 from policies import Knobs
@@ -76,10 +76,10 @@ def main() -> None:
     print(json.dumps({"profile": args.profile, "workload": args.workload, "qps": args.qps,
                       "num_requests": len(specs), "policy": shipped.policy,
                       "best_static": {"goodput_rps": round(static.goodput_rps, 3), "knobs": static_params,
-                                      "violating_window_fraction": round(static.violating_window_fraction, 3),
+                                      "violating_bin_fraction": round(static.violating_bin_fraction, 3),
                                       "good_by_phase": static.good_by_phase},
                       "policy_defaults": {"goodput_rps": round(default.goodput_rps, 3),
-                                          "violating_window_fraction": round(default.violating_window_fraction, 3),
+                                          "violating_bin_fraction": round(default.violating_bin_fraction, 3),
                                           "good_by_phase": default.good_by_phase},
                       "wall_s": round(time.perf_counter() - start, 1)}))
     for name in args.variants:
@@ -92,8 +92,8 @@ def main() -> None:
         tuned = summarize_requests(records, slo, end - specs[0].arrival_s)
         print(json.dumps({"variant": name, "goodput_rps": round(tuned.goodput_rps, 3),
                           "over_best_static": round(tuned.goodput_rps / static.goodput_rps, 3),
-                          "violating_window_fraction": round(violating_fraction(records, slo), 3),
-                          "controller_unsafe_windows": f"{controller.violations}/{controller.windows}",
+                          "violating_bin_fraction": round(violating_bin_fraction(records, slo), 3),
+                          "unsafe_tuning_windows": f"{controller.violations}/{controller.windows}",
                           "good_by_phase": good_by_phase(specs, records, slo),
                           "wall_s": round(time.perf_counter() - start, 1)}))
 

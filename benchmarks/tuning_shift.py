@@ -6,8 +6,8 @@ Each configuration gets its own daemon (bundled SmolLM2, fresh state dir, same p
 seeded requests from the open-loop bench client; the daemons run one after another, never side by
 side. "Best static" is the simulator's grid search (`autotuner.simulated_tuning.best_static`) on these
 requests with the shipped cost model: found offline, as an operator would. Reported per
-configuration: goodput (requests/s meeting both SLOs), SLO attainment, the share of 30-s windows
-(by finish time) that broke the SLO, and for the tuned daemon its own windows (controller).
+configuration: goodput (requests/s meeting both SLOs), SLO attainment, the share of 30-s bins
+(by finish time) that broke the SLO, and for the tuned daemon its own tuning windows (controller).
 
     python benchmarks/tuning_shift.py --slo-ttft-s 8 --slo-tbt-s 0.5 --json /tmp/tuning_shift.json
 """
@@ -33,7 +33,7 @@ from bench_common import MachineInfo, emit_summary
 from loadgen.bench_client import BenchOptions, BenchRun, make_prompts, run_bench
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from autotuner.search_space import load_search_space
-from autotuner.simulated_tuning import VLLM_DEFAULTS, best_static, violating_fraction
+from autotuner.simulated_tuning import VLLM_DEFAULTS, best_static, violating_bin_fraction
 from simulation.cost_model_files import find_cost_model
 from loadgen.workload import RequestSpec, generate, load_workload
 from engine.outputs import RequestRecord
@@ -102,19 +102,19 @@ def stop_daemon(proc: subprocess.Popen) -> None:
 
 
 def from_start(record: RequestRecord, start: float) -> RequestRecord:
-    """Client times from the run's start, so fixed windows line up across configurations."""
+    """Client times from the run's start, so 30-s bins line up across configurations."""
     return replace(record, arrival=record.arrival - start,
                    first_token=None if record.first_token is None else record.first_token - start,
                    finished=record.finished - start, token_times=tuple(t - start for t in record.token_times))
 
 
 def controller_windows(state_dir: str) -> dict:
-    """The tuned daemon's own measured windows and how many broke the SLO (decisions.jsonl)."""
+    """The tuned daemon's own measured tuning windows and how many broke the SLO (decisions.jsonl)."""
     path = Path(state_dir) / "decisions.jsonl"
     decisions = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     measured = [d for d in decisions if d.get("violated") is not None]
     exploring = [d for d in measured if d["action"] in ("trial", "abort")]
-    return {"windows": len(measured), "violating": sum(d["violated"] for d in measured),
+    return {"tuning_windows": len(measured), "violating": sum(d["violated"] for d in measured),
             "exploring": len(exploring), "exploring_violating": sum(d["violated"] for d in exploring),
             "knobs": [(d["t"], d["action"], d["regime"], d["knobs"]["token_budget"],
                        round(d["knobs"]["prefill_priority"], 2), d["violated"]) for d in measured]}
@@ -142,7 +142,7 @@ def run_one(name: str, specs: list[RequestSpec], prompts: list, static: dict, sl
                                 drain_s=600)
     good_by_phase = Counter(r.spec.phase for r, record in zip(run.results, records) if meets_slo(record, slo))
     result = {"goodput_rps": run.summary.goodput_rps, "slo_attainment": run.summary.slo_attainment,
-              "violating_window_fraction": violating_fraction(records, slo),
+              "violating_bin_fraction": violating_bin_fraction(records, slo),
               "ttft_p50_s": run.summary.ttft_p50_s, "tbt_p99_s": run.summary.tbt_p99_s,
               "failed": run.summary.num_failed, "good_by_phase": dict(good_by_phase), "workdir": workdir}
     if name == "tuned":

@@ -3,10 +3,10 @@ pick (benchmarks/zero_config.py's WRONG_STARTS), with the tuner on, at a fixed c
 capacity, how long until it meets the SLO again?
 
 Each start gets its own daemon (bundled SmolLM2, fresh state dir, same port, one after another) and
-the same seeded open-loop chat requests. Per start: the client's 30-s windows (by finish time),
+the same seeded open-loop chat requests. Per start: the client's 30-s bins (by finish time),
 each met when its P50 TTFT and P99 TBT are within the SLO; `slo_met_again_s` is the end of the first
-window after which every window met it (None: the run ended on a missed window); goodput and SLO
-attainment over the run and after that point; the controller's own decisions.
+bin after which every bin met it (None: the run ended on a missed bin); goodput and SLO
+attainment over the run and after that point; the controller's own decisions (its tuning windows).
 
     python benchmarks/wrong_start_live.py --qps 0.8 --duration 480 --json docs/results/wrong_start_live.json
 """
@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 from bench_common import MachineInfo, emit_summary
-from autotuner.simulated_tuning import window_verdicts
+from autotuner.simulated_tuning import BIN_S, bin_verdicts
 from loadgen.bench_client import make_prompts
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from loadgen.workload import generate, load_workload
@@ -27,8 +27,6 @@ from telemetry.latency_summary import summarize_requests
 from engine.slo_class import SloClass
 from tuning_shift import bench_daemon, controller_windows
 from zero_config import WRONG_STARTS
-
-WINDOW_S = 30.0
 
 
 def parse_args() -> argparse.Namespace:
@@ -45,11 +43,11 @@ def parse_args() -> argparse.Namespace:
 
 
 def met_again_s(verdicts: list[bool]) -> float | None:
-    """The end of the first window after which every window met the SLO (0: all did)."""
+    """The end of the first bin after which every bin met the SLO (0: all did)."""
     if not verdicts or not verdicts[-1]:
         return None
     last_miss = max((i for i, ok in enumerate(verdicts) if not ok), default=-1)
-    return (last_miss + 1) * WINDOW_S
+    return (last_miss + 1) * BIN_S
 
 
 def run_start(name: str, specs: list, prompts: list, slo: SloClass, args: argparse.Namespace) -> dict:
@@ -59,16 +57,16 @@ def run_start(name: str, specs: list, prompts: list, slo: SloClass, args: argpar
     settings = {"port": args.port, "state_dir": state_dir, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
                 "tune": True, "policy": policy, "knobs": knobs}
     run, records = bench_daemon(settings, workdir, specs, prompts, slo, drain_s=300)
-    verdicts = window_verdicts(records, slo, WINDOW_S)
+    verdicts = bin_verdicts(records, slo, BIN_S)
     recovered = met_again_s(verdicts)
     after = [r for r in records if recovered is not None and r.arrival >= recovered]
     summary_after = summarize_requests(after, slo, args.duration - recovered) if after else None
     result = {"policy": policy, "knobs": knobs, "goodput_rps": run.summary.goodput_rps,
               "slo_attainment": run.summary.slo_attainment, "failed": run.summary.num_failed,
-              "windows_met": verdicts, "slo_met_again_s": recovered,
+              "bins_met": verdicts, "slo_met_again_s": recovered,
               "slo_attainment_after": summary_after.slo_attainment if summary_after else None,
               "controller": controller_windows(state_dir), "workdir": workdir}
-    print(f"{name}: met again at {recovered} s; windows {''.join('+' if v else '-' for v in verdicts)}; "
+    print(f"{name}: met again at {recovered} s; bins {''.join('+' if v else '-' for v in verdicts)}; "
           f"attainment {run.summary.slo_attainment}", file=sys.stderr)
     return result
 

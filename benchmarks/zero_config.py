@@ -9,7 +9,7 @@ workload, at a share (--load) of the modelled machine's sustained capacity:
 - convergence_s: the first 30-s boundary T from which, in every 120-s window (sliding by 30 s) to
   the end, tuned serves >= 0.95x the best static's good requests, requests counted by arrival so
   both runs are judged on the same requests;
-- after convergence: tuned / best static goodput over [T, end], and the share of 30-s windows (by
+- after convergence: tuned / best static goodput over [T, end], and the share of 30-s bins (by
   finish time) whose P50 TTFT or P99 TBT missed the SLO, tuned's and the best static's own;
 - wrong_start_loss: best static goodput / the start's own static goodput (what not tuning costs).
 
@@ -39,8 +39,8 @@ import numpy as np
 
 from autotuner.controller import ControllerSettings
 from autotuner.search_space import load_search_space
-from autotuner.simulated_tuning import (REPORT_WINDOW_S, best_of, evaluate_static, static_grid, tune_on_simulator,
-                                        violating_fraction)
+from autotuner.simulated_tuning import (BIN_S, best_of, evaluate_static, static_grid, tune_on_simulator,
+                                        violating_bin_fraction)
 from autotuner.static_grid import grid_points
 import results_file
 from engine.outputs import RequestRecord
@@ -135,22 +135,24 @@ def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SloClass, start
         wall = time.perf_counter() - t0
     tuned = summarize_requests(records, slo, end - specs[0].arrival_s)
     alone = evaluate_static(specs, cost, start.policy, start.knobs, slo)
-    good = good_by_arrival(specs, records, slo, REPORT_WINDOW_S)
-    first = convergence_bin(good, static_good, REPORT_WINDOW_S, window_s)
+    good = good_by_arrival(specs, records, slo, BIN_S)
+    first = convergence_bin(good, static_good, BIN_S, window_s)
     cell = {"start": start.name, "tuned_goodput_rps": tuned.goodput_rps, "tuned_over_best_static":
             tuned.goodput_rps / static_goodput if static_goodput else None,
             "left_alone_goodput_rps": alone.goodput_rps,
             "wrong_start_loss": static_goodput / alone.goodput_rps if alone.goodput_rps else float("inf"),
-            "convergence_s": None, "after_convergence_over_best_static": None, "violating_after_convergence": None,
-            "windows": controller.windows, "warm_start_failures": controller.failures.count("warm_start"),
+            "convergence_s": None, "after_convergence_over_best_static": None,
+            "violating_bins_after_convergence": None, "tuning_windows": controller.windows,
+            "warm_start_failures": controller.failures.count("warm_start"),
             "wall_s": round(wall, 1)}
     if first is not None:
-        t = first * REPORT_WINDOW_S
+        t = first * BIN_S
         cell |= {"convergence_s": t, "after_convergence_over_best_static": good[first:].sum() / static_good[first:].sum()
                  if static_good[first:].sum() else None,
-                 "violating_after_convergence": violating_fraction(records, slo, REPORT_WINDOW_S, t),
-                 # what the best static configuration itself violates over the same windows
-                 "best_static_violating_after_convergence": violating_fraction(static_records, slo, REPORT_WINDOW_S, t)}
+                 "violating_bins_after_convergence": violating_bin_fraction(records, slo, BIN_S, t),
+                 # what the best static configuration itself violates over the same bins
+                 "best_static_violating_bins_after_convergence":
+                     violating_bin_fraction(static_records, slo, BIN_S, t)}
     return cell
 
 
@@ -168,7 +170,7 @@ def run_pair(hardware: str, workload: str, args: argparse.Namespace) -> dict[str
     grid = static_grid(specs, cost, load_search_space(max_token_budget=None), "deadline", slo)
     best_params, best = best_of(grid)
     static_records = simulate(specs, cost, "deadline", Knobs().replace(**best_params), slo).records
-    static_good = good_by_arrival(specs, static_records, slo, REPORT_WINDOW_S)
+    static_good = good_by_arrival(specs, static_records, slo, BIN_S)
     cells = [run_cell(specs, cost, slo, s, static_records, static_good, best.goodput_rps, rate_window_s(qps),
                       args.seed) for s in starts()]
     return {"hardware": hardware, "workload": workload, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
@@ -194,14 +196,14 @@ def grid_floor(hardware: str, workload: str, args: argparse.Namespace) -> dict[s
     runs = [(params, simulate(specs, cost, "deadline", Knobs().replace(**params), slo))
             for params in (point | space.clamp(Knobs().as_dict() | point) for point in grid_points("deadline"))]
     _, best = max(runs, key=lambda run: run[1].summary.goodput_rps)
-    best_good = good_by_arrival(specs, best.records, slo, REPORT_WINDOW_S)
+    best_good = good_by_arrival(specs, best.records, slo, BIN_S)
     rows = []
     for params, run in runs:
-        good = good_by_arrival(specs, run.records, slo, REPORT_WINDOW_S)
-        first = convergence_bin(good, best_good, REPORT_WINDOW_S, rate_window_s(qps))
+        good = good_by_arrival(specs, run.records, slo, BIN_S)
+        first = convergence_bin(good, best_good, BIN_S, rate_window_s(qps))
         rows.append({"knobs": {k: params[k] for k in ("token_budget", "step_headroom", "error_budget")},
                      "over_best_static": run.summary.goodput_rps / best.summary.goodput_rps,
-                     "convergence_s": None if first is None else first * REPORT_WINDOW_S,
+                     "convergence_s": None if first is None else first * BIN_S,
                      "after_convergence_over_best_static": None if first is None else
                      good[first:].sum() / best_good[first:].sum()})
     return {"hardware": hardware, "workload": workload, "qps": qps, "grid_floor": rows}

@@ -22,6 +22,8 @@ STUDY_PREFIX = "regime:"
 WINDOW_KEYS = ("ttft_p50_s", "tbt_p99_s", "goodput_rps", "slo_attainment", "arrival_rate_rps",
                "output_tokens_per_s", "input_output_ratio", "kv_usage_mean", "mfu", "mbu")
 KNOB_ORDER = ("token_budget", "prefill_priority", "max_num_seqs", "kv_admission_watermark", "policy")
+# JSON reports rendered before the controller's windows were called tuning windows still parse.
+OLD_KEYS = {"windows": "tuning_windows", "violated_windows": "violated_tuning_windows"}
 
 Window = dict[str, "float | None"]
 
@@ -54,9 +56,9 @@ class TrialCounts:
 
 @dataclass(frozen=True)
 class Outcome:
-    """Goodput and SLO attainment over the windows that ran one configuration."""
+    """Goodput and SLO attainment over the tuning windows that ran one configuration."""
     knobs: dict[str, Any]
-    windows: int
+    tuning_windows: int
     goodput_rps: float | None
     slo_attainment: float | None
 
@@ -77,10 +79,10 @@ class RegimeReport:
     trials: tuple[TrialRow, ...]     # rejected trials never ran: counted, not listed
     counts: TrialCounts
     chosen: Chosen | None            # the controller's incumbent (controller.best_configuration)
-    before: Outcome | None           # the regime's first window
-    after: Outcome | None            # the windows that ran the chosen configuration
-    windows: int                     # windows whose SLO verdict is known
-    violated_windows: int
+    before: Outcome | None           # the regime's first tuning window
+    after: Outcome | None            # the tuning windows that ran the chosen configuration
+    tuning_windows: int              # tuning windows whose SLO verdict is known
+    violated_tuning_windows: int
     status: str | None = None        # why exploration is paused (its latest measured window), else None
 
 
@@ -113,13 +115,13 @@ class TuningReport:
     generated_at: str
     regimes: tuple[RegimeReport, ...]
     timeline: tuple[Decision, ...]
-    windows: int
-    violated_windows: int
+    tuning_windows: int
+    violated_tuning_windows: int
     failures: tuple[Failure, ...] = ()   # none in logs written before failures were logged
 
     @property
     def violation_fraction(self) -> float | None:
-        return self.violated_windows / self.windows if self.windows else None
+        return self.violated_tuning_windows / self.tuning_windows if self.tuning_windows else None
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "violation_fraction": self.violation_fraction}
@@ -127,15 +129,21 @@ class TuningReport:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TuningReport":
         """The inverse of as_dict (the JSON rendering parsed back)."""
+        d = _current_keys(d)
         regimes = tuple(_regime_from_dict(r) for r in d["regimes"])
         timeline = tuple(Decision(**e) for e in d["timeline"])
         failures = tuple(Failure(**f) for f in d.get("failures", ()))
-        return cls(d["state_dir"], d["generated_at"], regimes, timeline, d["windows"], d["violated_windows"],
-                   failures)
+        return cls(d["state_dir"], d["generated_at"], regimes, timeline, d["tuning_windows"],
+                   d["violated_tuning_windows"], failures)
+
+
+def _current_keys(d: dict[str, Any]) -> dict[str, Any]:
+    return {OLD_KEYS.get(k, k): v for k, v in d.items()}
 
 
 def _regime_from_dict(d: dict[str, Any]) -> RegimeReport:
-    opt = lambda c, v: None if v is None else c(**v)   # noqa: E731
+    opt = lambda c, v: None if v is None else c(**_current_keys(v))   # noqa: E731
+    d = _current_keys(d)
     return RegimeReport(**{**d, "trials": tuple(TrialRow(**t) for t in d["trials"]),
                            "counts": TrialCounts(**d["counts"]), "chosen": opt(Chosen, d["chosen"]),
                            "before": opt(Outcome, d["before"]), "after": opt(Outcome, d["after"])})
@@ -317,7 +325,7 @@ def _widen(a: Any, b: Any) -> Any:
 
 
 def _verdicts(decisions: list[Decision] | tuple[Decision, ...]) -> tuple[int, int]:
-    """(windows with a known SLO verdict, those that violated it)."""
+    """(tuning windows with a known SLO verdict, those that violated it)."""
     known = [d.violated for d in decisions if d.window is not None and d.violated is not None]
     return len(known), sum(known)
 

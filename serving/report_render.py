@@ -92,8 +92,9 @@ RENDERERS: dict[str, Callable[[TuningReport], str]] = {"html": render_html, "jso
 
 def _overview(report: TuningReport) -> str:
     fraction = report.violation_fraction
-    violated = "no windows with an SLO verdict" if fraction is None else (
-        f"{report.violated_windows} of {report.windows} windows ({fraction:.1%}) violated the SLO")
+    violated = "no tuning windows with an SLO verdict" if fraction is None else (
+        f"{report.violated_tuning_windows} of {report.tuning_windows} tuning windows ({fraction:.1%}) "
+        "violated the SLO")
     return (f"<p>State <code>{_esc(report.state_dir)}</code>, generated {_esc(report.generated_at)}: "
             f"{len(report.regimes)} regime(s), {len(report.timeline)} controller decision(s); {_esc(violated)}.</p>")
 
@@ -109,7 +110,7 @@ def _failures_section(failures: tuple[Failure, ...]) -> list[str]:
 def _summary_table(report: TuningReport) -> str:
     headers = ["regime", "chosen trial", "chosen knobs", "goodput rps before → after",
                "SLO attainment before → after", "trials: complete / feasible / aborted / failed / rejected / running",
-               "windows violating SLO"]
+               "tuning windows violating the SLO"]
     rows = []
     for r in report.regimes:
         c = r.counts
@@ -118,7 +119,7 @@ def _summary_table(report: TuningReport) -> str:
                       _esc(_change(r.before, r.after, "goodput_rps")),
                       _esc(_change(r.before, r.after, "slo_attainment")),
                       _esc(f"{c.complete} / {c.feasible} / {c.aborted} / {c.failed} / {c.rejected} / {c.running}"),
-                      _esc(f"{r.violated_windows} of {r.windows}")], ""))
+                      _esc(f"{r.violated_tuning_windows} of {r.tuning_windows}")], ""))
     return _table(headers, rows, text_columns={0, 2}) if rows else '<p class="note">No regime studies yet.</p>'
 
 
@@ -207,9 +208,9 @@ def _change(before: Outcome | None, after: Outcome | None, metric: str) -> str:
 
 def _outcome_text(label: str, o: Outcome | None) -> str:
     if o is None:
-        return f"{label}: no measured window."
+        return f"{label}: no measured tuning window."
     return (f"{label}: goodput {_fmt(o.goodput_rps)} rps, SLO attainment {_fmt(o.slo_attainment)} "
-            f"over {o.windows} window(s) of {_knobs_text(o.knobs)}.")
+            f"over {o.tuning_windows} tuning window(s) of {_knobs_text(o.knobs)}.")
 
 
 def _anchor(key: str) -> str:

@@ -14,7 +14,7 @@ from autotuner.controller import Controller, ControllerSettings, best_configurat
 from autotuner.regime import DriftDetector
 from autotuner.search_space import load_search_space
 from autotuner.simulated_tuning import (RunResult, evaluate_static, per_phase_best_goodput, tune_on_simulator,
-                                        violating_fraction, window_verdicts)
+                                        violating_bin_fraction, bin_verdicts)
 from engine.outputs import RequestRecord
 from autotuner.static_grid import STATIC_BUDGETS
 from simulation.workload_run import make_simulator, simulate
@@ -455,9 +455,9 @@ def test_a_study_stored_before_ttft_pace_joined_the_space_carries_over(cost, tmp
     controller.study.tell(trial, state=TrialState.FAIL)
 
 
-def test_window_verdicts_by_finish_time():
-    """30-s windows by finish time: the middle one's P50 TTFT (3 s) misses a 2 s SLO, an empty
-    window meets it, and windows counted from a later start shift with it."""
+def test_bin_verdicts_by_finish_time():
+    """30-s bins by finish time: the middle one's P50 TTFT (3 s) misses a 2 s SLO, an empty
+    bin meets it, and bins counted from a later start shift with it."""
     def record(arrival: float, ttft: float, finished: float) -> RequestRecord:
         first = arrival + ttft
         return RequestRecord("r", arrival, first, finished, (first, first + 0.05), 10, 2, 2, "stop", 0)
@@ -465,6 +465,6 @@ def test_window_verdicts_by_finish_time():
     records = [record(0, 0.5, 10), record(5, 0.5, 20), record(30, 3.0, 40), record(35, 3.0, 50),
                record(100, 0.5, 110)]
     slo = SloClass(ttft_s=2.0, tbt_s=0.25)
-    assert window_verdicts(records, slo, 30.0) == [True, False, True, True]
-    assert violating_fraction(records, slo, 30.0) == 0.25
-    assert window_verdicts(records, slo, 30.0, start_s=45.0) == [False, True, True]
+    assert bin_verdicts(records, slo, 30.0) == [True, False, True, True]
+    assert violating_bin_fraction(records, slo, 30.0) == 0.25
+    assert bin_verdicts(records, slo, 30.0, start_s=45.0) == [False, True, True]

@@ -129,9 +129,9 @@ def test_chosen_is_the_best_feasible_trial_and_counts_include_dropped_ones(repor
 
 def test_before_is_the_first_window_and_after_the_chosen_configurations_windows(report):
     a, b = report.regimes
-    assert (a.before.windows, a.before.goodput_rps, a.before.slo_attainment) == (1, 1.5, 0.9)
+    assert (a.before.tuning_windows, a.before.goodput_rps, a.before.slo_attainment) == (1, 1.5, 0.9)
     assert a.before.knobs["token_budget"] == 256 and a.before.knobs["policy"] == "sarathi"   # from trial 0
-    assert a.after.windows == 3    # trial 2, the incumbent window and the recheck; not the drift without a window
+    assert a.after.tuning_windows == 3    # trial 2, the incumbent window and the recheck; not the drift without a window
     assert math.isclose(a.after.goodput_rps, (2.0 + 2.2 + 1.9) / 3)
     assert math.isclose(a.after.slo_attainment, (0.97 + 0.99 + 0.95) / 3)
     assert (b.before.goodput_rps, b.before.slo_attainment) == (4.0, 0.6)
@@ -139,15 +139,15 @@ def test_before_is_the_first_window_and_after_the_chosen_configurations_windows(
 
 def test_timeline_and_violations(report):
     assert [d.t for d in report.timeline] == [0, 1, 60, 120, 180, 210, 270, 330, 390, 450, 510, 570]   # torn: dropped
-    assert (report.windows, report.violated_windows) == (8, 3)
+    assert (report.tuning_windows, report.violated_tuning_windows) == (8, 3)
     assert report.violation_fraction == 3 / 8
-    assert [(r.windows, r.violated_windows) for r in report.regimes] == [(7, 2), (1, 1)]
+    assert [(r.tuning_windows, r.violated_tuning_windows) for r in report.regimes] == [(7, 2), (1, 1)]
 
 
 def test_without_a_decision_log_the_trials_windows_are_used(state_dir, tmp_path):
     shutil.copy(state_dir / "tuner.db", tmp_path / "tuner.db")
     a = build_report(str(tmp_path)).regimes[0]
-    assert a.before.goodput_rps == 1.5 and a.after.windows == 2           # trials 2 and 5 ran BEST
+    assert a.before.goodput_rps == 1.5 and a.after.tuning_windows == 2           # trials 2 and 5 ran BEST
     assert math.isclose(a.after.goodput_rps, (2.0 + 1.9) / 2)
 
 
@@ -250,9 +250,17 @@ def test_failures_and_paused_exploration_are_reported(state_dir, tmp_path):
     assert b.status in page
 
 
+def with_old_window_keys(d: dict) -> dict:
+    """A JSON report as rendered before the controller's windows were named tuning windows."""
+    old = {"tuning_windows": "windows", "violated_tuning_windows": "violated_windows"}
+    rename = lambda o: None if o is None else {old.get(k, k): v for k, v in o.items()}   # noqa: E731
+    return {**rename(d), "regimes": [{**rename(r), "before": rename(r["before"]), "after": rename(r["after"])}
+                                     for r in d["regimes"]]}
+
+
 def test_a_log_without_failures_or_pauses_still_loads(report, html_run):
     """Logs written before failures and pauses were logged, and JSON reports rendered before the report
-    carried them, still load: no failures, no status, no failures section."""
+    carried them or named the tuning windows so, still load: no failures, no status, no failures section."""
     assert report.failures == () and all(r.status is None for r in report.regimes)
     assert all(d.held_attainment is None for d in report.timeline)
     old = json.loads(render_json(report))
@@ -262,4 +270,5 @@ def test_a_log_without_failures_or_pauses_still_loads(report, html_run):
     for d in old["timeline"]:
         del d["held_attainment"]
     assert TuningReport.from_dict(old) == report
+    assert TuningReport.from_dict(with_old_window_keys(old)) == report
     assert "Tuner failures" not in html_run[1] and "exploration paused" not in html_run[1]
