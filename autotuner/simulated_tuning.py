@@ -22,6 +22,7 @@ from autotuner.warm_start import SimulatorWarmStart, slo_token_budget
 from loadgen.workload import RequestSpec
 from simulation.cost_model import CostModel
 from engine.outputs import RequestRecord
+from engine.scheduling.error_budget import HORIZON_S as ERROR_BUDGET_HORIZON_S
 from policies import Knobs
 from telemetry.latency_summary import summarize_requests
 from engine.slo_class import SloClass
@@ -46,8 +47,9 @@ class RunResult:
     good_by_phase: dict[str, int]      # requests that met the SLO, per workload phase
 
 
-def evaluate_static(specs: list[RequestSpec], cost: CostModel, policy: str, knobs: Knobs, slo: SloClass) -> RunResult:
-    run = simulate(specs, cost, policy, knobs, slo)
+def evaluate_static(specs: list[RequestSpec], cost: CostModel, policy: str, knobs: Knobs, slo: SloClass,
+                    error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S) -> RunResult:
+    run = simulate(specs, cost, policy, knobs, slo, error_budget_horizon_s)
     return RunResult(run.summary.goodput_rps, run.summary.slo_attainment, violating_bin_fraction(run.records, slo),
                      run.summary.duration_s, good_by_phase(specs, run.records, slo))
 
@@ -64,20 +66,21 @@ def per_phase_best_knobs(grid: list[tuple[dict[str, Any], RunResult]]) -> dict[s
     return {phase: max(grid, key=lambda entry: entry[1].good_by_phase.get(phase, 0))[0] for phase in sorted(phases)}
 
 
-def static_grid(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str,
-                slo: SloClass) -> list[tuple[dict[str, Any], RunResult]]:
+def static_grid(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str, slo: SloClass,
+                error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S) -> list[tuple[dict[str, Any], RunResult]]:
     """Every configuration of the policy's offline grid, each run over the whole workload."""
     grid = []
     for point in grid_points(policy):
         params = point | space.clamp(Knobs().as_dict() | point)     # the tuned knobs on the space's grid
-        grid.append((params, evaluate_static(specs, cost, policy, Knobs().replace(**params), slo)))
+        knobs = Knobs().replace(**params)
+        grid.append((params, evaluate_static(specs, cost, policy, knobs, slo, error_budget_horizon_s)))
     return grid
 
 
-def best_static(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str,
-                slo: SloClass) -> tuple[dict[str, Any], RunResult]:
+def best_static(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str, slo: SloClass,
+                error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S) -> tuple[dict[str, Any], RunResult]:
     """Offline grid search on the whole workload: the best single configuration in hindsight."""
-    return best_of(static_grid(specs, cost, space, policy, slo))
+    return best_of(static_grid(specs, cost, space, policy, slo, error_budget_horizon_s))
 
 
 def best_of(grid: list[tuple[dict[str, Any], RunResult]]) -> tuple[dict[str, Any], RunResult]:
@@ -121,17 +124,20 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
                       initial: Knobs | None = None, initial_policy: str | None = None
                       ) -> tuple[Controller, list[RequestRecord], float]:
     """Serve `specs` on the simulator with the controller retuning it window after window, starting
-    from `initial_policy` (default: the tuned policy) with `initial` knobs (default: Knobs())."""
+    from `initial_policy` (default: the tuned policy) with `initial` knobs (default: Knobs()). The
+    error budget, the simulated engine's and the warm start's, spends over the controller's context
+    window, as in the daemon."""
     space = space or load_search_space()
+    horizon = settings.context_window_s
     sim = make_simulator(cost, initial_policy or settings.policy, initial or Knobs(), slo,
-                         prefix_caching=shares_prefixes(specs))
+                         prefix_caching=shares_prefixes(specs), error_budget_horizon_s=horizon)
     telemetry = TelemetryWindow(slo, clock=lambda: sim.now)
     target = SimulatedTarget(sim, telemetry)
     records: list[RequestRecord] = []
     sim.finish_listeners.append(records.append)
     warm = SimulatorWarmStart(lambda: cost, space, slo, settings.policy, target.knobs,
                               lambda s: telemetry.recent_requests(s, now=sim.now), settings.warm_start_trials,
-                              settings.warm_start_enqueue, seed)
+                              settings.warm_start_enqueue, seed, error_budget_horizon_s=horizon)
     controller = Controller(target, space, TunerState(state_dir, seed), slo, settings, warm)
     controller.cold_start(slo_token_budget(cost, slo, space, SLO_HEADROOM))
     sim.submit(specs)
@@ -145,21 +151,24 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
 def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SloClass,
             settings: ControllerSettings, seed: int = 0, ablation: bool = True) -> dict[str, Any]:
     """The JSON summary of `tune --simulate`. `ablation`: also the plain-budget grid (the tuned
-    policy's inner loop off), 21 more runs of the whole workload."""
+    policy's inner loop off), 21 more runs of the whole workload. Every run's error budget spends
+    over the controller's context window, the tuned run's horizon."""
     space = load_search_space(max_token_budget=None)
     controller, records, end = tune_on_simulator(specs, cost, state_dir, slo, settings, space, seed)
     duration = end - specs[0].arrival_s
     tuned = summarize_requests(records, slo, duration)
-    grid = static_grid(specs, cost, space, settings.policy, slo)
+    horizon = settings.context_window_s
+    grid = static_grid(specs, cost, space, settings.policy, slo, horizon)
     static_params, static = best_of(grid)
-    baselines = {name: evaluate_static(specs, cost, policy, knobs, slo)
+    baselines = {name: evaluate_static(specs, cost, policy, knobs, slo, horizon)
                  for name, (policy, knobs) in VLLM_DEFAULTS.items()}
     goodput = {"tuned": tuned.goodput_rps, "best_static": static.goodput_rps,
                **{name: r.goodput_rps for name, r in baselines.items()},
                "per_phase_best": per_phase_best_goodput([r for _, r in grid], static.duration_s)}
     plain_knobs = {}
     if ablation or settings.policy == PLAIN_POLICY:
-        plain_grid = grid if settings.policy == PLAIN_POLICY else static_grid(specs, cost, space, PLAIN_POLICY, slo)
+        plain_grid = grid if settings.policy == PLAIN_POLICY else \
+            static_grid(specs, cost, space, PLAIN_POLICY, slo, horizon)
         plain_params, plain = best_of(plain_grid)
         goodput |= {"best_static_plain_budget": plain.goodput_rps, "per_phase_best_plain_budget":
                     per_phase_best_goodput([r for _, r in plain_grid], plain.duration_s)}

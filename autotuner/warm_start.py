@@ -22,6 +22,7 @@ from simulation.workload_run import simulate
 from loadgen.workload import RequestSpec
 from simulation.cost_model import CostModel
 from engine.outputs import RequestRecord
+from engine.scheduling.error_budget import HORIZON_S as ERROR_BUDGET_HORIZON_S
 from policies import Knobs
 from policies.step_shape import attended_pairs, context_tokens
 from engine.slo_class import SloClass
@@ -96,6 +97,7 @@ class WarmStartJob:
     trials: int
     keep: int
     seed: int = 0
+    error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S   # the controller's context window, as the engine's
 
 
 def search(job: WarmStartJob) -> list[dict[str, Any]]:
@@ -113,7 +115,8 @@ def search(job: WarmStartJob) -> list[dict[str, Any]]:
     def objective(trial: optuna.Trial) -> float:
         params = job.space.suggest(trial)
         knobs = base.replace(**{k: v for k, v in params.items() if k != "policy"})
-        summary = simulate(specs, job.cost, params.get("policy", job.policy), knobs, job.slo).summary
+        summary = simulate(specs, job.cost, params.get("policy", job.policy), knobs, job.slo,
+                           job.error_budget_horizon_s).summary
         result = score(summary.goodput_rps, summary.num_requests / summary.duration_s, summary.ttft_p50_s,
                        summary.tbt_p99_s, job.slo)
         for name, value in result.constraints.items():
@@ -166,10 +169,12 @@ class SimulatorWarmStart:
 
     def __init__(self, cost: Callable[[], CostModel], space: SearchSpace, slo: SloClass, policy: str,
                  base_knobs: Callable[[], Knobs], samples: Callable[[float], list[RequestRecord]], trials: int,
-                 keep: int, seed: int = 0, runner: Runner = search) -> None:
+                 keep: int, seed: int = 0, runner: Runner = search,
+                 error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S) -> None:
         self.cost, self.space, self.slo, self.policy = cost, space, slo, policy
         self.base_knobs, self.samples = base_knobs, samples
         self.trials, self.keep, self.seed, self.runner = trials, keep, seed, runner
+        self.error_budget_horizon_s = error_budget_horizon_s
 
     def __call__(self, regime: Regime, observed: WindowSummary) -> list[dict[str, Any]]:
         job = self.job(observed)
@@ -191,7 +196,8 @@ class SimulatorWarmStart:
         return WarmStartJob(self.cost(),    # the live daemon's is scaled to the speed of its own recent steps
                             self.space, self.slo, self.policy, knobs,
                             [(r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens) for r in samples],
-                            observed.arrival_rate_rps, self.trials, self.keep, self.seed)
+                            observed.arrival_rate_rps, self.trials, self.keep, self.seed,
+                            self.error_budget_horizon_s)
 
 
 class WarmStartFailed(RuntimeError):

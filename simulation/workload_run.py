@@ -8,6 +8,7 @@ from loadgen.capacity import probe_size
 from loadgen.workload import RequestSpec, Workload, generate
 from simulation.profile_cost_model import StepTimeModel
 from engine.outputs import RequestRecord
+from engine.scheduling.error_budget import HORIZON_S, ErrorBudget
 from simulation.simulator import Simulator
 from engine.slo_class import SloClass, shipped_slo_classes
 from policies import DEFAULT_POLICY, Knobs
@@ -23,13 +24,16 @@ class SimulatedRun:
 
 
 def make_simulator(cost: StepTimeModel, policy: str, knobs: Knobs, slo: SloClass | None = None,
-                   prefix_caching: bool = True) -> Simulator:
-    """Requests of the default SLO class get `slo`'s targets (the run's --slo flags)."""
+                   prefix_caching: bool = True, error_budget_horizon_s: float = HORIZON_S) -> Simulator:
+    """Requests of the default SLO class get `slo`'s targets (the run's --slo flags); the error
+    budget spends over `error_budget_horizon_s` (the controller's context window, where one tunes)."""
     classes = shipped_slo_classes()
     if slo is not None:
         classes = classes.with_default_targets(slo.ttft_s, slo.tbt_s)
-    return Simulator(cost, cost.kv_blocks, cost.block_size, policy, knobs, slo_classes=classes,
-                     prefix_caching=prefix_caching)
+    sim = Simulator(cost, cost.kv_blocks, cost.block_size, policy, knobs, slo_classes=classes,
+                    prefix_caching=prefix_caching)
+    sim.scheduler.error_budget = ErrorBudget(error_budget_horizon_s)   # as the daemon sets its engine's
+    return sim
 
 
 def shares_prefixes(specs: list[RequestSpec]) -> bool:
@@ -40,9 +44,10 @@ def shares_prefixes(specs: list[RequestSpec]) -> bool:
 
 
 def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = DEFAULT_POLICY, knobs: Knobs | None = None,
-             slo: SloClass | None = None) -> SimulatedRun:
+             slo: SloClass | None = None, error_budget_horizon_s: float = HORIZON_S) -> SimulatedRun:
     """Every request through to its end; rates are over first arrival to last finish."""
-    sim = make_simulator(cost, policy, knobs or Knobs(), slo, prefix_caching=shares_prefixes(specs))
+    sim = make_simulator(cost, policy, knobs or Knobs(), slo, prefix_caching=shares_prefixes(specs),
+                         error_budget_horizon_s=error_budget_horizon_s)
     records: list[RequestRecord] = []
     sim.finish_listeners.append(records.append)
     sim.submit(specs)

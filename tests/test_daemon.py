@@ -67,7 +67,8 @@ def test_a_model_that_fails_to_load_exits_non_zero_with_a_one_line_reason(tmp_pa
 def test_the_engines_error_budget_spends_over_the_controllers_context_window(tiny_hf, tmp_path, monkeypatch,
                                                                              tune):
     """The deadline policy's error budget and the tuner's windows read the same horizon: the
-    controller's context_window_s as configured (the tuning config's, here 45 s), tuning or not."""
+    controller's context_window_s as configured (the tuning config's, here 45 s), tuning or not; the
+    warm start's simulations spend it over the same horizon."""
     tuning = yaml.safe_load(Path(CONFIG).read_text())
     tuning["controller"] = (tuning.get("controller") or {}) | {"context_window_s": 45.0}
     path = tmp_path / "tuning.yaml"
@@ -81,6 +82,8 @@ def test_the_engines_error_budget_spends_over_the_controllers_context_window(tin
         engine = engine_loader(config, daemon.telemetry, daemon.tuner)()
         horizon = engine.scheduler.error_budget.horizon_s
         assert horizon == ControllerSettings.load(path).context_window_s == 45.0
+        if tune:     # and the warm start simulates the engine with that horizon
+            assert daemon.tuner.controller.warm_start.error_budget_horizon_s == 45.0
     finally:
         for part in (daemon.tuner, daemon.telemetry.sampler):
             if part:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import optuna
 
+from autotuner import warm_start
 from autotuner.controller import Controller, ControllerSettings
 from autotuner.search_space import load_search_space
-from autotuner.simulated_tuning import tune_on_simulator
+from autotuner.simulated_tuning import VLLM_DEFAULTS, compare, tune_on_simulator
 from autotuner.static_grid import grid_points
+from simulation import workload_run
+from simulation.simulator import Simulator
 from simulation.workload_run import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
@@ -16,6 +19,7 @@ from autotuner.warm_start import (RATE_MARGIN, SimulatorWarmStart, WarmStartJob,
 from loadgen.workload import generate, load_workload
 from simulation.cost_model import CostModel
 from policies import Knobs
+from engine.scheduling.error_budget import HORIZON_S as ERROR_BUDGET_HORIZON_S
 from engine.slo_class import SloClass
 from telemetry.window import TelemetryWindow
 
@@ -131,3 +135,30 @@ def test_the_search_starts_from_the_policys_grid():
     assert len(plain) <= 15
     budgets = {p["token_budget"] for p in plain}
     assert min(budgets) == 32 and max(budgets) == 2048
+
+
+def test_simulated_tuning_spends_the_error_budget_over_the_controllers_context_window(tmp_path, monkeypatch):
+    """As in the daemon (tests/test_daemon.py), `tune --simulate`'s simulators, the tuned run's, its
+    warm start's searches and the static runs it is compared with, spend the error budget over the
+    controller's context_window_s (45 s here), not the engine's default horizon."""
+    built: list[Simulator] = []
+
+    class Recorded(Simulator):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    searched: list[tuple] = []
+    real_simulate = warm_start.simulate
+    monkeypatch.setattr(workload_run, "Simulator", Recorded)
+    monkeypatch.setattr(warm_start, "simulate", lambda *a, **k: searched.append(a) or real_simulate(*a, **k))
+    cost = CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
+    specs = generate(load_workload("chat"), qps=1.0, duration_s=120, seed=3)
+    settings = ControllerSettings.load(policy="adaptive", context_window_s=45.0, min_requests=10,
+                                       min_tbt_samples=200, max_window_s=30.0, warm_start_trials=2,
+                                       warm_start_enqueue=1)
+    assert ERROR_BUDGET_HORIZON_S != settings.context_window_s
+    compare(specs, cost, str(tmp_path), SloClass(ttft_s=2.0, tbt_s=0.25), settings, ablation=False)
+    assert searched, "the warm start never searched"
+    assert len(built) > len(searched) + len(VLLM_DEFAULTS)
+    assert {sim.scheduler.error_budget.horizon_s for sim in built} == {45.0}
