@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from cluster.replica_capacity import LatencyPoint, ReplicaCapacity
 from loadgen.workload import RequestSpec, Workload, generate
-from policies import Knobs
+from policies import DEFAULT_POLICY, Knobs
 from simulation.profile_cost_model import StepTimeModel
 from simulation.workload_run import simulate
 
@@ -25,7 +25,7 @@ def at_rate(specs: list[RequestSpec], rate_rps: float) -> list[RequestSpec]:
     return [replace(s, arrival_s=(s.arrival_s - specs[0].arrival_s) * scale) for s in specs]
 
 
-def profile_replica(workload: Workload, cost: StepTimeModel, policy: str = "deadline", knobs: Knobs | None = None,
+def profile_replica(workload: Workload, cost: StepTimeModel, policy: str = DEFAULT_POLICY, knobs: Knobs | None = None,
                     slo_target: float = 0.99, seed: int = 0, max_probes: int = 9) -> ReplicaCapacity:
     base = generate(workload, num_requests=4096, seed=seed)
     prompt = sum(s.prompt_tokens for s in base) / len(base)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from cluster.fleet_scalers import Scaler
 from cluster.fleet_telemetry import FleetTelemetry
 from cluster.router import NoReplicaError, ReplicaLoad, Router, RouterConfig
+from engine.kv_cache.block_manager import BLOCK_SIZE
 from engine.outputs import RequestRecord
 from loadgen.workload import RequestSpec
 from simulation.fleet import Fleet
@@ -75,7 +76,7 @@ def prefix_keys(spec: RequestSpec, block_size: int) -> list[bytes]:
 
 class DayRun:
     def __init__(self, make_simulator: Callable[[], Simulator], scaler: Scaler, startup_s: float,
-                 router: RouterConfig = RouterConfig(), block_size: int = 16, initial_replicas: int | None = None) -> None:
+                 router: RouterConfig = RouterConfig(), block_size: int = BLOCK_SIZE, initial_replicas: int | None = None) -> None:
         self.fleet = Fleet(make_simulator, startup_s)
         self.scaler, self.block_size = scaler, block_size
         self._names = (f"replica-{i}" for i in itertools.count())

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cluster.prefix_index import PrefixIndex
+from engine.kv_cache.block_manager import BLOCK_SIZE
 
 POLICIES = ("affinity", "load", "round_robin")
 
@@ -71,7 +72,7 @@ class Decision:
 
 
 class Router:
-    def __init__(self, replicas: Sequence[str], config: RouterConfig = RouterConfig(), block_size: int = 16) -> None:
+    def __init__(self, replicas: Sequence[str], config: RouterConfig = RouterConfig(), block_size: int = BLOCK_SIZE) -> None:
         if not replicas:
             raise ValueError("a router needs at least one replica")
         self.replicas = list(replicas)

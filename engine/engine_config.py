@@ -8,6 +8,7 @@ import torch
 
 from engine.model.checkpoint import quantized_kernels_usable, resolve_model
 from engine.kernels.cpu_kernels import fast_library
+from engine.kv_cache.block_manager import BLOCK_SIZE
 from engine.errors import ModelLoadError
 from policies import DEFAULT_POLICY, Knobs
 
@@ -22,7 +23,7 @@ class EngineConfig:
     dtype: str = "auto"                 # auto: bf16 where the CPU (AMX/AVX512-BF16) or GPU runs it fast,
                                         # except under the quantized kernels (fp32: torch_dtype)
     device: str = "cpu"
-    block_size: int = 16                # tokens per KV block
+    block_size: int = BLOCK_SIZE        # tokens per KV block
     kv_cache_memory_mb: float = 256.0   # KV pool size, unless num_kv_blocks is given
     num_kv_blocks: int | None = None
     max_model_len: int | None = None    # None: the model's own limit, capped at llm_engine.DEFAULT_MAX_MODEL_LEN

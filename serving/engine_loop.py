@@ -38,7 +38,7 @@ class QueueFullError(RuntimeError):
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, max_waiting: int = 256, stall_s: float | None = None) -> None:
+    def __init__(self, engine: LLMEngine, max_waiting: int, stall_s: float | None = None) -> None:
         """`stall_s`: a step running longer than this is the loop's death (None: never)."""
         self.engine = engine
         self.max_waiting = max_waiting

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
+from engine.kv_cache.block_manager import BLOCK_SIZE
 from engine.outputs import StepRecord
 from engine.scheduling.scheduler import ScheduleResult
 
@@ -76,7 +77,7 @@ class CostModel:
     device: str = ""
     fingerprint: str = ""                    # simulation.machine.machine_fingerprint of the machine it was fitted on
     kv_blocks: int = 0                       # the calibrated engine's KV pool, which the simulator copies
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
     tile_tokens: int = 1                     # prefill chunks of a multiple of this are cheapest per token (GPU tiles)
     weights: str = "dense"                   # what the linear layers ran on: dense or quantized (engine.model_runner)
     kernel_max_rows: int = 0                 # steps of up to this many tokens ran on the quantized kernels

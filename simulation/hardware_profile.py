@@ -17,6 +17,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from engine.kv_cache.block_manager import BLOCK_SIZE
 from telemetry.model_shape import ModelShape
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware_profiles"
@@ -113,7 +114,7 @@ class HardwareProfile:
     tp: int
     overheads: Overheads
     checks: tuple[Check, ...] = ()
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
     sources: tuple[str, ...] = ()
 
     def kv_blocks(self, tp: int | None = None) -> int:

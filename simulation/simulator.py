@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from engine.kv_cache.block_manager import BlockManager
+from engine.kv_cache.block_manager import BLOCK_SIZE, BlockManager
 from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
 from simulation.cost_model import CostModel
 from engine.llm_engine import request_record, step_record
@@ -43,7 +43,7 @@ class RequestLike(Protocol):
 
 
 class Simulator:
-    def __init__(self, cost: CostModel, num_blocks: int, block_size: int = 16, policy: str = DEFAULT_POLICY,
+    def __init__(self, cost: CostModel, num_blocks: int, block_size: int = BLOCK_SIZE, policy: str = DEFAULT_POLICY,
                  knobs: Knobs | None = None, coast: bool = True, slo_classes: SloClasses | None = None,
                  prefix_caching: bool = True) -> None:
         self.cost = cost

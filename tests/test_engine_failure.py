@@ -115,7 +115,7 @@ def test_an_exception_the_loop_cannot_contain_fails_health_and_ends_every_stream
 def test_a_contained_failure_repeated_three_times_running_is_the_loops_death(tiny_hf):
     """One failing iteration fails its requests and the loop goes on; three in a row with nothing good
     between mean a broken engine."""
-    loop = EngineLoop(make_engine(tiny_hf[0]))
+    loop = EngineLoop(make_engine(tiny_hf[0]), max_waiting=8)
     calls = []
 
     def broken(*args, **kwargs):

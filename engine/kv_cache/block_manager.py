@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import deque
 
+BLOCK_SIZE = 16   # tokens per KV block unless configured (vLLM's default too): the engine's, the simulator's, the router's
+
 
 class OutOfBlocksError(RuntimeError):
     pass
