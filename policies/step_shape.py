@@ -1,7 +1,7 @@
 """What one request's share of a step computes: the one place a step's shape is defined.
 
 A request gets `n` new tokens on top of `c` already in its KV cache (a decode is n = 1). The
-scheduler sums these into the step it records (engine.scheduler.ScheduleResult), the deadline
+scheduler sums these into the step it records (engine.scheduling.scheduler.ScheduleResult), the deadline
 policy into the step it prices before planning it (policies.deadline.StepTime), and calibration,
 profile checks and the warm start into the steps they ask a cost model about. Plain functions of
 ints: the scheduler calls them for every request every step.

@@ -10,7 +10,7 @@ from typing import Protocol
 
 
 class SequenceState(Protocol):
-    """What a policy may read of a request (engine.request.Request satisfies it; never mutate it)."""
+    """What a policy may read of a request (engine.scheduling.request.Request satisfies it; never mutate it)."""
 
     @property
     def request_id(self) -> str: ...

@@ -71,7 +71,7 @@ class CpuLibrary:
                    k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """The rotated queries [T, H, D] of a fused projection's output qkv [T, (H + 2 KVH) * D], with its
         rotated keys and its values written to their cache slots (engine/kernels/csrc/rope_store.c); fp32 qkv,
-        fp32 or fp16 caches. heads: an engine.attention.HeadShape; cos/sin: RotaryEmbedding.lookup's."""
+        fp32 or fp16 caches. heads: an engine.attention.backends.HeadShape; cos/sin: RotaryEmbedding.lookup's."""
         tokens, dim = qkv.shape[0], heads.head_dim
         assert qkv.dtype == cos.dtype == sin.dtype == torch.float32 and qkv.stride(1) == 1
         assert cos.is_contiguous() and sin.is_contiguous() and cos.numel() == sin.numel() == tokens * dim

@@ -67,7 +67,7 @@ class CpuDecodeLayers:
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> CpuDecodeLayers | None:
-        """The layer kernel for `model` (an engine.model.LlamaForCausalLM), or None where it does not apply."""
+        """The layer kernel for `model` (an engine.model.transformer.LlamaForCausalLM), or None where it does not apply."""
         library = fast_library()
         layers = model.model.layers
         # decode_layer.c has Llama's block alone: not Gemma 3's (four norms, GeGLU, sliding layers)
