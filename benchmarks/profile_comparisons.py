@@ -7,11 +7,19 @@ profile does not claim to reproduce, and by how much it differs (docs/hardware_p
 - Niyama's fitted step-time model of the sarathi-serve engine on A100 + Llama-3-8B (facts sheet),
   against a100-mistral-7b (Mistral-7B has Llama-3-8B's layers; its LM head is 0.5 ms cheaper).
 
-    python benchmarks/profile_comparisons.py
+    python benchmarks/profile_comparisons.py                                        # print them
+    python benchmarks/profile_comparisons.py --json docs/results/profile_comparisons.json   # and store them
+
+benchmarks/render_docs.py renders the stored file (render_doc) into docs/hardware_profiles.md.
 """
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+from typing import Any
+
+import results_file
 from policies.step_shape import attended_pairs, context_tokens
 from simulation.hardware_profile import Measure
 from simulation.profile_checks import measure_ms
@@ -45,19 +53,43 @@ def ours_ms(model: ProfileCostModel, prefill: int, decodes: int, decode_context:
     return 1e3 * model.predict_counts(prefill, decodes, seqs, context, pairs, seqs)
 
 
-def main() -> None:
+def comparisons() -> list[dict[str, Any]]:
+    """One row per published step: its source, what it is, the published and our milliseconds."""
     tp4 = ProfileCostModel.named("h100-llama3.1-70b-tp4")
-    print("Splitwise H100 Llama-2-70B (TP2) vs h100-llama3.1-70b-tp4 at TP2")
+    rows = []
     for measure, published in SPLITWISE_H100_TP2:
-        what = f"decode batch {measure.batch}" if measure.kind == "decode" else f"prompt {measure.tokens} tokens"
-        ours = measure_ms(tp4, measure)
-        print(f"  {what:<22} published {published:7.1f} ms  ours {ours:7.1f} ms  published/ours {published / ours:.2f}")
+        what = f"decode, batch {measure.batch}" if measure.kind == "decode" else f"prompt, {measure.tokens} tokens"
+        rows.append({"source": "Splitwise H100 Llama-2-70B TP2", "profile": "h100-llama3.1-70b-tp4 at TP2",
+                     "step": what, "published_ms": published, "ours_ms": measure_ms(tp4, measure)})
     a100 = ProfileCostModel.named("a100-mistral-7b")
-    print("Niyama's fitted sarathi-serve A100 + Llama-3-8B steps vs a100-mistral-7b")
     for prefill, decodes, context in NIYAMA_SHAPES:
-        fitted, ours = niyama_ms(prefill, decodes, context), ours_ms(a100, prefill, decodes, context)
-        print(f"  prefill {prefill:>4} + {decodes:>3} decodes x {context:>4} context  Niyama {fitted:6.1f} ms  "
-              f"ours {ours:6.1f} ms  Niyama/ours {fitted / ours:.2f}")
+        what = f"prefill {prefill} + {decodes} decodes x {context} context"
+        rows.append({"source": "Niyama's fitted sarathi-serve A100 Llama-3-8B", "profile": "a100-mistral-7b",
+                     "step": what, "published_ms": niyama_ms(prefill, decodes, context),
+                     "ours_ms": ours_ms(a100, prefill, decodes, context)})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", default=None, help="also store the rows here (results_file, with meta)")
+    args = p.parse_args()
+    rows = comparisons()
+    for r in rows:
+        print(f"{r['source']} vs {r['profile']}: {r['step']:<40} published {r['published_ms']:7.1f} ms  "
+              f"ours {r['ours_ms']:7.1f} ms  published/ours {r['published_ms'] / r['ours_ms']:.2f}")
+    if args.json:
+        results_file.write(args.json, {"comparisons": rows})
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/hardware_profiles.md's table (benchmarks/render_docs.py): the stored rows, one per step."""
+    rows = results_file.read(sources[0])["comparisons"]
+    lines = ["| source | step | profile | published (ms) | ours (ms) | published / ours |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['source']} | {r['step']} | {r['profile']} | {r['published_ms']:.1f} | "
+                     f"{r['ours_ms']:.1f} | {r['published_ms'] / r['ours_ms']:.2f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
