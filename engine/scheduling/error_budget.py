@@ -13,8 +13,9 @@ from collections.abc import Iterable
 
 from engine.scheduling.request import Request
 
-# The default for an engine used alone (the offline LLM API, the simulator, tests). The daemon passes
-# the controller's context_window_s instead (serving/daemon.py), the horizon its windows' P99 is read on.
+# The default for an engine used alone (the offline LLM API, a plain simulation, tests). The daemon and
+# the tuner's simulations pass the controller's context_window_s instead (serving/daemon.py,
+# simulation.workload_run.make_simulator), the horizon its windows' P99 is read on.
 HORIZON_S = 60.0
 
 
