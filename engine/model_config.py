@@ -58,6 +58,7 @@ class ModelConfig:
     rope_local_theta: float | None = None  # SLIDING layers' RoPE base (no scaling); None: rope_theta's table
     query_pre_attn_scalar: float | None = None   # attention scale = this ** -0.5; None: head_dim's
     final_logit_softcapping: float | None = None
+    rotary_dim: int | None = None          # head dims RoPE rotates (Phi-4-mini: 3/4 of them); None: all
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -66,6 +67,13 @@ class ModelConfig:
             raise ValueError(f"{len(self.layer_types)} layer_types for {self.num_layers} layers")
         if SLIDING in self.layer_types and not self.sliding_window:
             raise ValueError("sliding_attention layers need a sliding_window")
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and within the head size {self.head_dim}")
+
+    @property
+    def rotary_dims(self) -> int:
+        """Head dims RoPE rotates: rotary_dim, else all of them."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def attention_scale(self) -> float:
@@ -95,8 +103,8 @@ class ModelConfig:
         heads = cfg["num_attention_heads"]
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-        if float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
-            raise ValueError("partial rotary embeddings (partial_rotary_factor < 1, as Phi-4-mini's) are not supported")
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
         eos = cfg.get("eos_token_id")
         max_positions = cfg.get("max_position_embeddings", 4096)
         return cls(
@@ -106,7 +114,7 @@ class ModelConfig:
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            head_dim=head_dim,
             max_position_embeddings=cap_to_window(max_positions, _sliding_window(cfg)),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
             rope_theta=float(theta),
@@ -117,6 +125,7 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
             name=cfg.get("_name_or_path") or model_type,
+            rotary_dim=int(head_dim * partial) if partial != 1.0 else None,   # transformers' rounding
         )
 
 

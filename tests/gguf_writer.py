@@ -104,6 +104,8 @@ def _add_longrope(w, c) -> None:
     rope = c.rope_parameters
     original = rope["original_max_position_embeddings"]
     scale = c.max_position_embeddings / original
+    head_dim = c.hidden_size // c.num_attention_heads
+    w.add_rope_dimension_count(int(head_dim * getattr(c, "partial_rotary_factor", 1.0)))   # as the converter does
     w.add_rope_scaling_orig_ctx_len(original)
     w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
     w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))

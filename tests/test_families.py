@@ -257,3 +257,34 @@ def test_real_gemma_3_270m_on_the_kernels_writes_and_scores_as_llama_cpp():
     ours, chunks = bench.engine_perplexity(llm.engine, llama["ctx"], with_bos=True)
     assert chunks == llama["llama_chunks"]
     assert abs(ours / llama["llama_ppl"] - 1) < 0.01
+
+
+def test_partial_rotary_embeddings_as_phi_4_mini_match_hf(tmp_path):
+    """partial_rotary_factor 0.75 (Phi-4-mini's): RoPE turns 12 of each head's 16 dims, LongRoPE factors
+    and all; from config.json and from a GGUF (rope.dimension_count 12)."""
+    rope = {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(6)],
+            "long_factor": [1.0 + 2.0 * i for i in range(6)], "partial_rotary_factor": 0.75}
+    hf = save_hf_model(tmp_path / "hf", "phi3", original_max_position_embeddings=80, rope_scaling=rope,
+                       partial_rotary_factor=0.75)
+    assert read_hf_directory(str(tmp_path / "hf")).config.rotary_dims == 12
+    greedy_matches_hf(str(tmp_path / "hf"), hf)
+    gguf_path = tmp_path / "phi4.gguf"
+    write_gguf(hf, gguf_path)
+    greedy_matches_hf(str(gguf_path), hf)
+    if load_kernels() is not None:   # quantized rows are reordered too, and the C decode layer runs them
+        q8 = str(tmp_path / "phi4-q8.gguf")
+        write_gguf(hf, q8, Q8_0_LAYERS)
+        quantized = make_engine(q8, weights="quantized", quantized_max_rows=64)
+        assert (quantized.runner.model.decode_layers is None) == (fast_library() is None)
+        prompt = shared_prefix_prompts()[1]
+        dense = make_engine(q8, weights="dense")
+        assert float((quantized.runner.prompt_logits(prompt) - dense.runner.prompt_logits(prompt)).norm()
+                     / dense.runner.prompt_logits(prompt).norm()) < 0.02
+        assert run_all(quantized, [prompt], 16) == run_all(dense, [prompt], 16)   # decodes on the C layer
+
+
+def test_rotary_order_pairs_the_rotated_dims_half_a_head_apart():
+    from engine.model.checkpoint import rotary_order
+
+    assert rotary_order(8, 4).tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
+    assert rotary_order(8, 8).tolist() == list(range(8))

@@ -53,14 +53,21 @@ class RotaryEmbedding(torch.nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
         scaling = config.rope_scaling
-        angles = position_angles(config.head_dim, config.rope_theta, scaling, max_positions)
+        rotated = config.rotary_dims // 2
+        angles = position_angles(config.rotary_dims, config.rope_theta, scaling, max_positions)
+        # a partial rotary embedding's passed dims, ordered after the rotated ones in each half
+        # (checkpoint.rotary_order), get angle 0: cos 1, sin 0
+        angles = torch.nn.functional.pad(angles, (0, config.head_dim // 2 - rotated))
         angles = torch.cat([angles, angles], dim=-1)
-        # LongRoPE's attention factor scales cos and sin (q and k), as transformers does
-        self.register_buffer("cos", (angles.cos() * scaling.attention_factor).float(), persistent=False)
+        # LongRoPE's attention factor scales the rotated dims' cos and sin (q and k), as transformers does
+        factor = torch.ones(config.head_dim // 2, dtype=torch.float64)
+        factor[:rotated] = scaling.attention_factor
+        factor = torch.cat([factor, factor])
+        self.register_buffer("cos", (angles.cos() * factor).float(), persistent=False)
         # rotate-half as roll: roll(x, half) = [x2, x1], so x * cos + [-x2, x1] * sin needs sin with its
         # first half negated (see rotate)
         half = angles.shape[1] // 2
-        signed = angles.sin() * scaling.attention_factor
+        signed = angles.sin() * factor
         signed[:, :half] = -signed[:, :half]
         self.register_buffer("sin", signed.float(), persistent=False)
 

@@ -87,10 +87,42 @@ def load_checkpoint(model: str | None, dtype: torch.dtype = torch.float32, seed:
     if kind == "dummy":
         return dummy_checkpoint(PRESETS[location], dtype, seed)
     if kind == "hf":
-        return read_hf_directory(location)
-    checkpoint = read_gguf(location, keep_quantized=quantized_kernels_usable(weights))
+        return order_rotary_dims(read_hf_directory(location))
+    checkpoint = order_rotary_dims(read_gguf(location, keep_quantized=quantized_kernels_usable(weights)))
     _dequantize_partial_groups(checkpoint)
     checkpoint.quantized_max_rows = quantized_max_rows
+    return checkpoint
+
+
+def rotary_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """Each head's dims reordered so that a partial rotary embedding (rotate-half over the first
+    `rotary_dim` dims, the rest passed through) is a full-width one: rotary pair (j, j + R/2) lands on
+    (j, j + D/2) and the passed dims on the rest, whose angle is 0 (engine/attention/rope.py). q and k
+    are reordered alike, so q.k, the attention and everything after it are unchanged, and every
+    attention path (torch, the C kernels, Triton) runs as for a full rotary embedding."""
+    half, r = head_dim // 2, rotary_dim // 2
+    passed = torch.arange(rotary_dim, head_dim)
+    return torch.cat([torch.arange(r), passed[:half - r], torch.arange(r, rotary_dim), passed[half - r:]])
+
+
+def order_rotary_dims(checkpoint: Checkpoint) -> Checkpoint:
+    """Reorders the q and k heads' rows (and q/k norms) by rotary_order where RoPE is partial."""
+    c = checkpoint.config
+    if c.rotary_dims == c.head_dim:
+        return checkpoint
+    order = rotary_order(c.head_dim, c.rotary_dims)
+    q_rows = (torch.arange(c.num_heads)[:, None] * c.head_dim + order).reshape(-1)
+    k_rows = (torch.arange(c.num_kv_heads)[:, None] * c.head_dim + order).reshape(-1)
+    v_rows = torch.arange(c.num_kv_heads * c.head_dim)
+    fused = torch.cat([q_rows, k_rows + len(q_rows), v_rows + len(q_rows) + len(k_rows)])
+    rows = {"q_proj": q_rows, "k_proj": k_rows, "qkv_proj": fused, "q_norm": order, "k_norm": order}
+    for name in list(checkpoint.state_dict) + list(checkpoint.quantized):
+        part = name.rsplit(".", 2)[-2] if name.startswith("model.layers.") else None
+        if part in rows:
+            if name in checkpoint.state_dict:
+                checkpoint.state_dict[name] = checkpoint.state_dict[name][rows[part]]
+            else:
+                checkpoint.quantized[name] = checkpoint.quantized[name].take_rows(rows[part])
     return checkpoint
 
 
@@ -309,9 +341,7 @@ def _gguf_config(meta: dict[str, Any], shapes: dict[str, list[int]], rope_factor
     heads = int(g("attention.head_count"))
     hidden = int(g("embedding_length"))
     head_dim = int(g("attention.key_length", hidden // heads))
-    if int(g("rope.dimension_count", head_dim)) != head_dim:
-        raise ModelLoadError("partial rotary embeddings (rope.dimension_count < head size, as Phi-4-mini's) "
-                             "are not supported")
+    rotary_dim = int(g("rope.dimension_count", head_dim))
     stops = tuple(sorted({int(meta[k]) for k in _GGUF_STOP_KEYS if meta.get(k) is not None}))
     max_positions = int(g("context_length", 4096))
     config = ModelConfig(
@@ -334,6 +364,7 @@ def _gguf_config(meta: dict[str, Any], shapes: dict[str, list[int]], rope_factor
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=stops,
         name=str(meta.get("general.name", arch)),
+        rotary_dim=rotary_dim if rotary_dim != head_dim else None,
     )
     return _gguf_gemma3(config, g) if arch == "gemma3" else config
 
