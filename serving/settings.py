@@ -159,8 +159,9 @@ class Settings:
         self.knob_values()
         self.slo_values()
         self.slo_class_values()
-        for name in ("port", "max_waiting", "block_size", "max_token_budget"):
-            if getattr(self, name) < 1:
+        for name in ("port", "max_waiting", "block_size", "max_token_budget", "max_model_len", "num_kv_blocks",
+                     "max_body_bytes", "default_max_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be positive")
         if self.engine_stall_s < 0:
             raise SettingsError("engine_stall_s must be 0 (off) or positive")

@@ -39,6 +39,7 @@ def test_default_config_file_loads():
     ("[1, 2]", "expected a mapping"),
     ("port: [", "not valid YAML"),
     ("calibration_budget_s: 0", "calibration_budget_s must be positive"),
+    ("max_model_len: 0", "max_model_len must be positive"),
 ])
 def test_bad_config_names_the_field(tmp_path, text, match):
     path = tmp_path / "bad.yaml"
