@@ -7,8 +7,8 @@ import os
 import sys
 
 from serving import cli_tuning
-from serving.setting_flags import (DAEMON_URL, add_knob_flags, add_serve_flags, add_setting_flag, add_slo_flags, knob_overrides,
-                                   serve_overrides)
+from serving.setting_flags import (DAEMON_URL, add_knob_flags, add_serve_flags, add_setting_flag, add_slo_flags,
+                                   knob_overrides, serve_overrides)
 from engine.errors import EngineError, EngineFailed
 
 

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from serving.setting_flags import DAEMON_URL, add_knob_flags, add_setting_flag, add_slo_flags, knob_overrides, parse_knobs
+from serving.setting_flags import (DAEMON_URL, add_knob_flags, add_setting_flag, add_slo_flags, knob_overrides,
+                                   parse_knobs)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
