@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
+from serving.settings import load_settings
 
 from tests.live_server import free_port, stream_completion, wait_healthy
 
@@ -43,7 +43,7 @@ def test_the_unit_restarts_on_failure_but_not_on_a_model_that_cannot_load():
     assert service["Restart"] == "on-failure"
     assert service["RestartPreventExitStatus"] == "2"          # serving/cli.py: 2 is a bad model or setting
     assert service["KillSignal"] == "SIGTERM" and service["Type"] == "exec"
-    grace = yaml.safe_load(CONFIG.read_text())["grace_s"]
+    grace = load_settings(str(CONFIG), {}).grace_s            # the file's, else the default
     assert float(service["TimeoutStopSec"]) >= grace + 10      # the drain, then the exit, before SIGKILL
     assert "--config /etc/autotuned-serve/config.yaml" in service["ExecStart"]
 
@@ -85,7 +85,7 @@ def test_sigterm_as_the_unit_sends_it_lets_the_request_in_flight_finish_and_exit
         stopped = time.monotonic()
         client.join(60)
         assert proc.wait(float(service["TimeoutStopSec"])) == 0
-        assert time.monotonic() - stopped < yaml.safe_load(CONFIG.read_text())["grace_s"]
+        assert time.monotonic() - stopped < load_settings(str(CONFIG), {}).grace_s
         assert chunks and chunks[-1]["choices"][0]["finish_reason"] == "length"
     finally:
         if proc.poll() is None:
