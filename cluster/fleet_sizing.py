@@ -17,12 +17,16 @@ def latency_factors(telemetry: FleetTelemetry, capacity: ReplicaCapacity,
                     config: PlannerConfig) -> tuple[float, float]:
     """(prefill, decode) factors: observed mean TTFT / the profile's at the observed utilization
     per serving replica, and the same of TPOT, each within the config's bounds. 1.0 where the
-    interval finished too few requests to say, or nothing serves yet."""
+    interval finished too few requests to say, nothing serves yet, or the utilization is beyond
+    the profile's highest point: there latency is the queue of an overloaded fleet, which the load
+    already asks replicas for; read as a slower replica it would shrink the capacity too and stack
+    replicas on the same overload."""
     if telemetry.finished < config.min_samples or telemetry.serving < 1:
         return 1.0, 1.0
     per_replica = capacity.rate_for(telemetry.prompt_tokens, telemetry.output_tokens, telemetry.cached_fraction)
-    predicted = capacity.predicted(telemetry.rate_rps / telemetry.serving / per_replica)
-    if predicted is None:
+    utilization = telemetry.rate_rps / telemetry.serving / per_replica
+    predicted = capacity.predicted(utilization)
+    if predicted is None or utilization > capacity.latency[-1].utilization:
         return 1.0, 1.0
     return (_ratio(telemetry.ttft_s, predicted[0], config), _ratio(telemetry.tpot_s, predicted[1], config))
 

@@ -4,7 +4,11 @@ cluster/planner_service.py runs it in the ingress, cluster/fleet_run.py in the f
     forecast = forecaster(the past intervals' arrival rates, horizon = start-up + interval)
     per replica = capacity of the observed mix (prompt/output lengths, prefix hit rate),
                   its prefill and decode parts scaled by observed/profiled TTFT and TPOT
+                  (read only in settled intervals within the SLO target, see below; the last
+                  such interval's meanwhile: a backlog's latencies would shrink the capacity too)
     wanted = ceil(forecast x (1 + headroom) / per replica), + 1 if the interval missed the SLO target
+             and the last scale-up has served a whole interval (nothing starting, startup_s +
+             interval_s since it was asked for): misses seen before it are the backlog it answers
     target = wanted when it is more than now (at once); less only after it has wanted less for
              scale_down_delay_s (then the most it wanted meanwhile); within min/max replicas
 """
@@ -41,18 +45,24 @@ class Planner:
         self.current = config.min_replicas
         self._low_since: float | None = None      # when the load started wanting fewer replicas
         self._low_max = 0                         # the most it wanted since
+        self._last_up: float | None = None        # when it last asked for more replicas
+        self._factors = (1.0, 1.0)                # the latency factors of the last settled interval
 
     def decide(self, telemetry: FleetTelemetry, now: float) -> PlanDecision:
         c = self.config
         self.rates.append(telemetry.rate_rps)
         predicted = forecast(self.rates, c.forecaster, c.alpha, c.beta, c.horizon_intervals)
-        prefill, decode = latency_factors(telemetry, self.capacity, c)
+        settled = self._settled(telemetry, now)
+        within = telemetry.attainment is None or telemetry.attainment >= c.slo_target
+        if settled and within:      # else its latencies are a backlog's (the guard below answers a miss)
+            self._factors = latency_factors(telemetry, self.capacity, c)
+        prefill, decode = self._factors
         per_replica = self.capacity.rate_for(telemetry.prompt_tokens or self.capacity.prompt_tokens,
                                              telemetry.output_tokens or self.capacity.output_tokens,
                                              telemetry.cached_fraction, prefill, decode)
         wanted = replicas_for(predicted, per_replica, c.headroom)
         missed = telemetry.attainment is not None and telemetry.finished >= c.min_samples \
-            and telemetry.attainment < c.slo_target
+            and telemetry.attainment < c.slo_target and settled
         if missed:
             wanted = max(wanted, telemetry.serving + telemetry.starting + 1)
         target, reason = self._hysteresis(wanted, now)
@@ -61,8 +71,18 @@ class Planner:
             reason = "slo"
         if bounded != target:
             reason = "bounds"
+        if bounded > self.current:
+            self._last_up = now
         self.current = bounded
         return PlanDecision(bounded, wanted, predicted, per_replica, prefill, decode, reason)
+
+    def _settled(self, telemetry: FleetTelemetry, now: float) -> bool:
+        """Whether the last scale-up has served a whole interval: no replica is loading and
+        startup_s + interval_s have passed since it was asked for. Until then the requests that
+        miss are those that queued before it, and adding a replica per such interval would
+        stack replicas on one backlog (with intervals shorter than the start-up, one per interval)."""
+        c = self.config
+        return telemetry.starting == 0 and (self._last_up is None or now - self._last_up >= c.startup_s + c.interval_s)
 
     def _hysteresis(self, wanted: int, now: float) -> tuple[int, str]:
         if wanted >= self.current:

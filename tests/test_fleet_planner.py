@@ -67,6 +67,11 @@ def test_latency_factors_are_observed_over_profiled_at_the_observed_utilization(
     assert latency_factors(worse, CAPACITY, config) == (2.0, 0.5)                  # within the bounds
     assert latency_factors(telemetry(15, serving=2, finished=5, ttft_s=3.0), CAPACITY, config) == (1.0, 1.0)
 
+    # 25 req/s over 2 replicas of 10: utilization 1.25, beyond the profile's highest point (1.0): the
+    # latency is an overloaded fleet's queue, not a slower replica
+    overloaded = telemetry(25, serving=2, finished=50, ttft_s=3.0, tpot_s=0.06)
+    assert latency_factors(overloaded, CAPACITY, config) == (1.0, 1.0)
+
 
 # -- the planner --
 def plan(planner: Planner, t: float, rate: float, **fields):
@@ -92,6 +97,39 @@ def test_a_missed_slo_adds_a_replica_beyond_what_the_forecast_asks():
     kept = Planner(PlannerConfig(interval_s=10, forecaster="last", headroom=0.0, min_samples=10), CAPACITY)
     assert plan(kept, 10, 5, serving=1, finished=50, attainment=0.995).target == 1
 
+
+def test_a_missed_slo_adds_one_replica_per_scale_up_not_one_per_interval():
+    # interval 10 s, start-up 30 s: a scale-up asked for at t=10 has served a whole interval at t=50
+    planner = Planner(PlannerConfig(interval_s=10, startup_s=30, forecaster="last", headroom=0.0, min_samples=10),
+                      CAPACITY)
+    first = plan(planner, 10, 5, serving=1, finished=50, attainment=0.9)
+    assert (first.target, first.reason) == (2, "slo")
+    loading = plan(planner, 20, 5, serving=1, starting=1, finished=50, attainment=0.5)    # replica-1 loading
+    assert (loading.target, loading.reason) == (2, "hold")
+    backlog = plan(planner, 40, 5, serving=2, finished=50, attainment=0.8)    # loaded at 40, 30 s after asking
+    assert (backlog.target, backlog.reason) == (2, "hold")
+    settled = plan(planner, 50, 5, serving=2, finished=50, attainment=0.8)    # 40 s = start-up + interval
+    assert (settled.wanted, settled.target, settled.reason) == (3, 3, "slo")
+
+
+def test_latency_factors_hold_through_missed_and_unsettled_intervals():
+    planner = Planner(PlannerConfig(interval_s=10, startup_s=30, forecaster="last", headroom=0.0, min_samples=10,
+                                    max_replicas=5), CAPACITY)
+    # within the SLO: factors (2.0, 0.5) as in the latency-factor case above; 15 req/s of replicas
+    # that then sustain 10 x 1.1 / (0.1 x 2.0 + 1.0 x 0.5) = 15.7 each: 1 replica
+    kept = plan(planner, 10, 15, serving=2, finished=50, ttft_s=0.6, tpot_s=0.0125, attainment=1.0)
+    assert (kept.prefill_factor, kept.decode_factor, kept.target) == (pytest.approx(2.0), 0.5, 1)
+    # a missed interval: its latencies (a backlog's) are not read; the guard adds one replica (2 + 1)
+    missed = plan(planner, 20, 15, serving=2, finished=50, ttft_s=0.15, tpot_s=0.05, attainment=0.5)
+    assert (missed.prefill_factor, missed.decode_factor, missed.target, missed.reason) == \
+        (pytest.approx(2.0), 0.5, 3, "slo")
+    # within the SLO but a replica still loading: not read either
+    loading = plan(planner, 30, 15, serving=2, starting=1, finished=50, ttft_s=0.15, tpot_s=0.025, attainment=1.0)
+    assert (loading.prefill_factor, loading.decode_factor) == pytest.approx((2.0, 0.5))
+    # settled (start-up + interval after t=20) and within: read again; 15 req/s over 3 replicas is
+    # utilization 0.5, where the profile says 0.2 s and 0.02 s: 0.15 / 0.2 and 0.025 / 0.02
+    again = plan(planner, 60, 15, serving=3, finished=50, ttft_s=0.15, tpot_s=0.025, attainment=1.0)
+    assert (again.prefill_factor, again.decode_factor) == pytest.approx((0.75, 1.25))
 
 def test_the_forecast_looks_ahead_over_the_start_up():
     config = PlannerConfig(interval_s=10, forecaster="holt", alpha=1.0, beta=1.0, headroom=0.0, startup_s=20,
