@@ -230,7 +230,25 @@ def _day_text(name: str, r: dict, run: dict) -> str:
             f"{cap:.3g} requests/s; a {s['day_s']:.0f}-s day of {r['requests']:,} requests, sinusoid peak at "
             f"{s['peak_replicas']:g} replicas' capacity (highest rate, sampled every 5 s: {peak:.2f}), burst "
             f"{bursts or 'none'}; "
-            f"replicas load for {s['startup_s']:.0f} s; {run['wall_s']:,.0f} s of wall time.")
+            f"replicas load for {s['startup_s']:.0f} s; {run['wall_s']:,.0f} s of wall time.{_ceiling_text(r)}")
+
+
+def following(r: dict) -> float:
+    """Mean replicas of a fleet that follows the rate exactly: max(1, ceil(rate / one replica's
+    capacity)) at every 5-s sample of the rate curve, no start-up, no headroom, no SLO misses
+    counted: a bound on what sizing from the profiled capacity can save."""
+    cap, curve = r["capacity"]["rate_rps"], r["timeline"]["rate_curve"]
+    return sum(max(1, math.ceil(v / cap - 1e-9)) for _, v in curve) / len(curve)
+
+
+def _ceiling_text(r: dict) -> str:
+    n = r["ratios"].get("static_replicas")
+    if not n or not r["timeline"]["rate_curve"]:
+        return ""
+    mean = following(r)
+    return (f" A fleet following the rate exactly (ceil(rate / capacity) replicas at every 5-s sample, no "
+            f"start-up or headroom) would average {mean:.2f} replicas: at the static fleet's goodput, "
+            f"{n / mean:.2f}x its goodput per replica-hour is the most such sizing could show.")
 
 
 def _fleet_rows(name: str, r: dict) -> list[str]:
