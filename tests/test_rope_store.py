@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(LIBRARY is None, reason="CPU kernels not built")
 class Config:   # what RotaryEmbedding reads of a ModelConfig
     def __init__(self, head_dim: int) -> None:
         self.head_dim, self.rope_theta, self.rope_scaling = head_dim, 10000.0, RopeScaling()
+        self.rotary_dims = head_dim   # RoPE over every dim
 
 
 @pytest.mark.parametrize("heads", [HeadShape(9, 3, 64), HeadShape(4, 2, 24), HeadShape(2, 1, 6)],
