@@ -36,9 +36,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         if name == "knobs":
             add_knob_flags(p)
         elif name == "slo":
-            for target in SLO_FLAGS:
-                p.add_argument(f"--slo-{target.replace('_', '-')}", dest=f"slo_{target}", type=float, default=None,
-                               help=f"the default SLO class's {target} (default: --slo-classes' default class)")
+            add_slo_flags(p, override=True)
         else:
             add_setting_flag(p, name, override=True)
 
@@ -51,12 +49,15 @@ def add_knob_flags(p: argparse.ArgumentParser) -> None:
                    help="any knob's value (repeatable; `autotuned-serve policies` lists them)")
 
 
-def add_slo_flags(p: argparse.ArgumentParser) -> None:
-    """The SLO a command judges requests by, defaulting to the default SLO class's targets."""
-    p.add_argument("--slo-ttft-s", type=float, default=default_of(SloClass, "ttft_s"),
-                   help="TTFT bound (default %(default)s)")
-    p.add_argument("--slo-tbt-s", type=float, default=default_of(SloClass, "tbt_s"),
-                   help="time-between-tokens bound (default %(default)s)")
+def add_slo_flags(p: argparse.ArgumentParser, *, override: bool = False) -> None:
+    """--slo-ttft-s and --slo-tbt-s (SLO_FLAGS). `override`: the serve flags, None unless given (the
+    default class of --slo-classes keeps its targets); else the targets a command judges requests by,
+    defaulting to the default SLO class's."""
+    for target in SLO_FLAGS:
+        default = None if override else default_of(SloClass, target)
+        shown = "--slo-classes' default class" if override else "%(default)s"
+        p.add_argument(f"--slo-{target.replace('_', '-')}", dest=f"slo_{target}", type=float, default=default,
+                       help=f"the {'default SLO class' if override else 'SLO'}'s {target} bound (default {shown})")
 
 
 def parse_knobs(pairs: list[str]) -> dict[str, object]:
