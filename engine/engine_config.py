@@ -24,7 +24,11 @@ class EngineConfig:
                                         # except under the quantized kernels (fp32: torch_dtype)
     device: str = "cpu"
     block_size: int = BLOCK_SIZE        # tokens per KV block
-    kv_cache_memory_mb: float = 256.0   # KV pool size, unless num_kv_blocks is given
+    kv_cache_memory_mb: float = 256.0   # KV pool size on the CPU, unless num_kv_blocks is given
+    # on CUDA, unless num_kv_blocks is given: the share of the GPU's memory the engine may hold (weights, the
+    # measured activation peak of the largest step, the KV pool: the rest of it), as vLLM's option
+    gpu_memory_utilization: float = 0.9
+    cuda_graphs: bool = True            # on CUDA: replay captured graphs for decode-only steps (decode_graphs.py)
     num_kv_blocks: int | None = None
     max_model_len: int | None = None    # None: the model's own limit, capped at llm_engine.DEFAULT_MAX_MODEL_LEN
     policy: str = DEFAULT_POLICY        # policies/registry.py

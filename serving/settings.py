@@ -60,8 +60,13 @@ class Settings:
                        "quantized CPU kernels), else fp32", ("auto", "bf16", "fp32"))
     weights: str = owned(EngineConfig, "weights", WEIGHTS_HELP, ("auto", "quantized", "dense"))
     device: str = owned(EngineConfig, "device", "cpu, cuda or cuda:N")
-    kv_cache_memory_mb: float = owned(EngineConfig, "kv_cache_memory_mb", "KV pool size in MiB, unless "
-                                      "num_kv_blocks is set")
+    kv_cache_memory_mb: float = owned(EngineConfig, "kv_cache_memory_mb", "KV pool size in MiB on the CPU, "
+                                      "unless num_kv_blocks is set")
+    gpu_memory_utilization: float = owned(EngineConfig, "gpu_memory_utilization", "on CUDA, the share of the "
+                                          "GPU's memory for weights, activations and the KV pool, which takes "
+                                          "what the others leave (unless num_kv_blocks is set)")
+    cuda_graphs: bool = owned(EngineConfig, "cuda_graphs", "on CUDA, replay CUDA graphs captured at start-up for "
+                              "decode-only steps of up to 256 sequences")
     kv_cache_dtype: str = owned(EngineConfig, "kv_cache_dtype", "how K/V are stored; auto: fp16 for an fp32 "
                                 "model on the CPU kernels, else the model's dtype", ("auto", "fp32", "fp16", "bf16"))
     num_kv_blocks: int | None = owned(EngineConfig, "num_kv_blocks", "KV pool size in blocks; null: from "
@@ -106,6 +111,7 @@ class Settings:
         return EngineConfig(model=self.model, dtype=self.dtype, weights=self.weights, device=self.device,
                             block_size=self.block_size,
                             kv_cache_memory_mb=self.kv_cache_memory_mb, num_kv_blocks=self.num_kv_blocks,
+                            gpu_memory_utilization=self.gpu_memory_utilization, cuda_graphs=self.cuda_graphs,
                             kv_cache_dtype=self.kv_cache_dtype,
                             max_model_len=self.max_model_len, policy=self.policy, knobs=self.knob_values(),
                             max_token_budget=self.max_token_budget, enable_prefix_caching=self.prefix_caching)
@@ -163,6 +169,8 @@ class Settings:
                      "max_body_bytes", "default_max_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be positive")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise SettingsError("gpu_memory_utilization must be in (0, 1]")
         if self.engine_stall_s < 0:
             raise SettingsError("engine_stall_s must be 0 (off) or positive")
         if not self.calibration_budget_s > 0:
