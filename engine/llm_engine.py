@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from engine.kv_cache.block_manager import BlockManager
+from engine.kv_cache.gpu_memory import plan_kv_pool
 from engine.model.checkpoint import load_checkpoint, resolve_model
 from engine.model.detokenizer import Detokenizer
 from engine.engine_config import EngineConfig
@@ -57,21 +58,31 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         dtype = config.torch_dtype()
         kind, location = resolve_model(config.model)
-        checkpoint = load_checkpoint(config.model, dtype, config.seed, config.weights_mode(), config.quantized_max_rows)
+        checkpoint = load_checkpoint(config.model, dtype, config.seed, config.weights_mode(), config.quantized_max_rows,
+                                     config.device)
         self.model_config = mc = checkpoint.config
         self.tokenizer: Tokenizer = load_tokenizer(kind, location, mc.vocab_size, mc.eos_token_ids, checkpoint.metadata)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)))
         self.max_model_len = model_length_limit(config.max_model_len, mc.max_position_embeddings)
         self.check_knobs(config.knobs)
         kv_dtype = config.kv_torch_dtype(dtype)
-        num_blocks = config.num_kv_blocks or self._blocks_for_memory(kv_dtype)
-        pool = PrefixCachingBlockManager if config.enable_prefix_caching else BlockManager
-        self.block_manager = pool(num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs)
+        on_gpu = config.device.startswith("cuda")
+        sized_on_gpu = on_gpu and config.num_kv_blocks is None
+        if sized_on_gpu:   # first a pool for the profiling step alone, then the one its measurement leaves room for
+            num_blocks = self._blocks_for(self._profile_tokens())
+        else:
+            num_blocks = config.num_kv_blocks or self._blocks_for_memory(kv_dtype)
         self.runner = ModelRunner(checkpoint, dtype, config.device, num_blocks, config.block_size,
                                   self.max_model_len, config.attention_backend, config.seed, kv_dtype)
         del checkpoint
         release_freed_memory()
+        if sized_on_gpu:
+            num_blocks = self._size_gpu_pool()
+        pool = PrefixCachingBlockManager if config.enable_prefix_caching else BlockManager
+        self.block_manager = pool(num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs)
+        if on_gpu and config.cuda_graphs:
+            self.runner.capture_decode_graphs(num_blocks)   # no step runs more sequences than there are blocks
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, Detokenizer] = {}
         self._ids = itertools.count()
@@ -83,6 +94,23 @@ class LLMEngine:
         log.info("engine ready: %s, %s, %d KV blocks of %d tokens in %s, max_model_len %d (the model's own: %d)",
                  mc.name, dtype, num_blocks, config.block_size, kv_dtype, self.max_model_len,
                  mc.max_position_embeddings)
+
+    def _profile_tokens(self) -> int:
+        """The largest step the engine runs: a chunk of the top token budget, within one request's length."""
+        return min(self.config.max_token_budget, self.max_model_len)
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.block_size)
+
+    def _size_gpu_pool(self) -> int:
+        """The pool from what gpu_memory_utilization leaves after a measured largest step (gpu_memory.py)."""
+        tokens = self._profile_tokens()
+        # logits for as many rows as the configured max_num_seqs (as vLLM's profiling run)
+        plan = plan_kv_pool(self.runner, self.config.gpu_memory_utilization, tokens,
+                            min(tokens, self.config.knobs.max_num_seqs), self._blocks_for(self.max_model_len))
+        log.info("GPU memory: %s", plan.describe())
+        self.runner.allocate_kv_cache(plan.num_blocks)
+        return plan.num_blocks
 
     def _blocks_for_memory(self, kv_dtype: torch.dtype) -> int:
         bytes_per_block = self.model_config.kv_bytes_per_token * kv_dtype.itemsize * self.config.block_size

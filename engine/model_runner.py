@@ -6,6 +6,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ from engine.kernels.quantized_linear import (QuantizedEmbedding, QuantizedLinear
                                      load_kernels, measure_crossover)
 from engine.sampler import Sampler
 from engine.scheduling.scheduler import ScheduledRequest
+
+if TYPE_CHECKING:
+    from engine.decode_graphs import DecodeGraphs
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +49,52 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.block_size = block_size
+        self.max_model_len = max_model_len
         self.model, self.quantized_path = build_model(checkpoint, dtype, self.device, max_model_len)
         c = self.config
-        self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * block_size, c.num_kv_heads, c.head_dim,
-                                    dtype=kv_dtype or dtype, device=self.device)
+        self.kv_dtype = kv_dtype or dtype
+        self.allocate_kv_cache(num_blocks)
         self.attention = make_attention_backend(attention_backend, c.attention_scale, self.device.type, dtype)
         if c.window is not None and not isinstance(self.attention, TorchAttention):
             log.warning("attention backend %r has no sliding window: %s runs on the torch backend",
                         self.attention.name, c.name)
             self.attention = TorchAttention(c.attention_scale)
         self.sampler = Sampler(seed)
+        self.decode_graphs: DecodeGraphs | None = None
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """A zeroed pool of `num_blocks` blocks, replacing any earlier one (freed first)."""
+        c = self.config
+        self.kv_cache = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * self.block_size, c.num_kv_heads, c.head_dim,
+                                    dtype=self.kv_dtype, device=self.device)
+
+    def capture_decode_graphs(self, max_batch: int) -> None:
+        """CUDA graphs for decode-only steps of up to `max_batch` sequences (decode_graphs.py), where the
+        attention backend reads its inputs from the device (Triton) and no layer attends to a window."""
+        if self.attention.name != "triton" or self.config.window is not None:
+            log.info("no CUDA graphs: the %s attention backend%s runs every step eagerly", self.attention.name,
+                     " (a sliding-window model)" if self.config.window is not None else "")
+            return
+        from engine.decode_graphs import DecodeGraphs   # imports triton, which only a CUDA engine needs
+
+        self.decode_graphs = DecodeGraphs(self.model, self.attention, self.kv_cache, self.block_size,
+                                          self.max_model_len, max_batch)
+        self.decode_graphs.capture()
+
+    @torch.inference_mode()
+    def profile_step(self, num_tokens: int, num_sampled: int) -> None:
+        """One prefill chunk of `num_tokens` (from position 0, into the pool's first blocks) with logits for
+        its last `num_sampled` rows: the largest step the engine runs, for its activation peak."""
+        bs = self.block_size
+        layout = BatchLayout(num_decodes=0, query_lens=np.array([num_tokens]), context_lens=np.array([0]),
+                             block_tables=[np.arange(-(-num_tokens // bs))], block_size=bs)
+        to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+        self.model(to(np.zeros(num_tokens, dtype=np.int64)), to(layout.positions()),
+                   to(np.arange(num_tokens - num_sampled, num_tokens)), self.attention, self.kv_cache,
+                   prepare_step(self.attention, layout, self.device, self.config.window))
 
     @property
     def weights(self) -> str:
@@ -90,19 +130,27 @@ class ModelRunner:
         """Run one step. `banned[i]` lists tokens the i-th *sampling* request may not pick (min_tokens)."""
         t0 = time.perf_counter()
         layout, input_ids, sampling = self._prepare(scheduled)
-        meta = prepare_step(self.attention, layout, self.device, self.config.window)
-        to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-        logits_indices = (layout.query_starts + layout.query_lens - 1)[sampling]
+        graphs = self.decode_graphs if self.decode_graphs is not None and self.decode_graphs.runs(layout) else None
+        if graphs is None:
+            meta = prepare_step(self.attention, layout, self.device, self.config.window)
+            to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+            logits_indices = (layout.query_starts + layout.query_lens - 1)[sampling]
         t1 = time.perf_counter()
-        logits = self.model(to(input_ids), to(layout.positions()), to(logits_indices),
-                            self.attention, self.kv_cache, meta).cpu()
+        if graphs is not None:
+            logits = graphs.replay(input_ids, layout)[torch.from_numpy(sampling).to(self.device)]
+        else:
+            logits = self.model(to(input_ids), to(layout.positions()), to(logits_indices),
+                                self.attention, self.kv_cache, meta)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)   # kernels run asynchronously: forward_s times them to the end
         t2 = time.perf_counter()
         requests = [scheduled[i].request for i in sampling]
         ids = [r.request_id for r in requests]
         picks = self.sampler.sample(logits.clone() if return_logits else logits, ids,
                                     [r.params for r in requests], banned or [()] * len(requests))
         t3 = time.perf_counter()
-        return StepOutput(dict(zip(ids, picks)), logits if return_logits else None, StepTiming(t1 - t0, t2 - t1, t3 - t2))
+        return StepOutput(dict(zip(ids, picks)), logits.cpu() if return_logits else None,
+                          StepTiming(t1 - t0, t2 - t1, t3 - t2))
 
     @torch.inference_mode()
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:

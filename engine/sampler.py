@@ -24,7 +24,12 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams],
                banned: list[tuple[int, ...]]) -> list[int]:
-        """logits: [rows, vocab] float32 on CPU; banned: per row, token ids it may not pick yet."""
+        """logits: [rows, vocab] float32 on the CPU or the GPU; banned: per row, token ids it may not pick yet.
+        Greedy rows with nothing banned take their argmax where the logits are (from a GPU only the token
+        ids come back); everything else is done on the CPU."""
+        if all(p.greedy for p in params) and not any(banned):
+            return logits.argmax(dim=-1).tolist()
+        logits = logits.cpu()
         for row, ids in enumerate(banned):
             if ids:
                 logits[row, list(ids)] = float("-inf")

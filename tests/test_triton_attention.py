@@ -23,6 +23,8 @@ from engine.attention.backends import TorchAttention, make_attention_backend  # 
 from engine.attention.batch_layout import BatchLayout  # noqa: E402
 from engine.attention.triton_attention import TritonAttention  # noqa: E402
 from tests.attention_layouts import greedy_tokens_by_backend, make_layout  # noqa: E402
+from engine import SamplingParams  # noqa: E402
+from tests.conftest import make_engine  # noqa: E402
 
 H, KVH = 4, 2
 # The kernels run either in the interpreter (CPU tensors) or compiled for the GPU, never both at once.
@@ -117,3 +119,55 @@ def test_engine_greedy_tokens_match_torch(tiny_hf, device):
     results = {backend: greedy_tokens_by_backend(path, backend, prompts, 5, device=device)[0]
                for backend in ("torch", "triton")}
     assert results["triton"] == results["torch"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_write_kv_skips_negative_slots(device):
+    """A CUDA graph's padding rows carry slot -1: nothing of theirs reaches the cache."""
+    from engine.kernels.triton_kernels import write_kv
+
+    g = torch.Generator().manual_seed(6)
+    k, v = (torch.randn(3, KVH, 16, generator=g).to(device) for _ in range(2))
+    k_cache, v_cache = torch.zeros(8, KVH, 16, device=device), torch.zeros(8, KVH, 16, device=device)
+    write_kv(k, v, k_cache, v_cache, torch.tensor([5, -1, 2], dtype=torch.int32, device=device))
+    torch.testing.assert_close(k_cache[[5, 2]], k[[0, 2]])
+    torch.testing.assert_close(v_cache[[5, 2]], v[[0, 2]])
+    assert k_cache[[0, 1, 3, 4, 6, 7]].abs().sum() == 0 and v_cache[[0, 1, 3, 4, 6, 7]].abs().sum() == 0
+
+
+class ReplayedEagerly:
+    """A stand-in for a CUDA graph on the CPU: replay runs the captured forward again on the static buffers."""
+
+    def __init__(self, graphs, batch: int, output: torch.Tensor) -> None:
+        self.graphs, self.batch, self.output = graphs, batch, output
+
+    def replay(self) -> None:
+        self.output.copy_(self.graphs._forward(self.batch))
+
+
+def test_decode_graph_inputs_on_padded_batches(tiny_hf):
+    """DecodeGraphs' static buffers and padding, without a GPU: its graphs stood in for by eager replays over
+    the same buffers. Greedy tokens match the plain engine's while 1-3 decodes ride in graphs of 1/2/4."""
+    from engine.decode_graphs import DecodeGraphs
+
+    class EagerGraphs(DecodeGraphs):
+        def _capture_one(self, batch, pool):
+            output = self._forward(batch).clone()
+            return ReplayedEagerly(self, batch, output), output, None
+
+    path, _ = tiny_hf
+    prompts = [[5, 17, 42, 99, 7, 3, 250, 11, 64, 8, 19], [9, 8, 7], [100, 200]]
+    plain, _ = greedy_tokens_by_backend(path, "triton", prompts, 6, device="cpu")
+    engine = make_engine(path, token_budget=8, attention_backend="triton")
+    r = engine.runner
+    r.decode_graphs = EagerGraphs(r.model, r.attention, r.kv_cache, r.block_size, r.max_model_len, max_batch=4)
+    r.decode_graphs.capture()
+    replays = []
+    original = r.decode_graphs.replay
+    r.decode_graphs.replay = lambda ids, layout: replays.append(layout.num_seqs) or original(ids, layout)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)) for p in prompts]
+    done = {}
+    while engine.has_unfinished():
+        done |= {out.request_id: out.token_ids for out in engine.step() if out.finished}
+    assert [done[i] for i in ids] == plain
+    assert 3 in replays and r.decode_graphs.sizes == [1, 2, 4]

@@ -29,9 +29,12 @@ def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
                      NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per token: copy its [KVH, D] keys and values to its cache slot."""
+    """One program per token: copy its [KVH, D] keys and values to its cache slot. A negative slot is a
+    padding row (a CUDA graph captured for more sequences than the step has) and writes nothing."""
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:
+        return
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_D)[None, :]
     mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
