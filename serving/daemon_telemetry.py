@@ -10,7 +10,6 @@ from serving.daemon_config import DaemonConfig
 from telemetry.device_sampler import DeviceSampler
 from telemetry.hardware import DevicePeaks, probe_peaks
 from telemetry.model_cost import ModelCost
-from telemetry.model_shape import ModelShape
 from telemetry.prometheus import PrometheusMetrics
 from telemetry.window import Arrival, TelemetryWindow
 
@@ -30,10 +29,7 @@ class DaemonTelemetry:
     def attach(self, engine: LLMEngine) -> LLMEngine:
         cfg = self.config
         dtype = engine.runner.dtype
-        runner = engine.runner
-        stored = runner.stored_linear_bytes() if runner.weights == "quantized" else None
-        self.window.cost = ModelCost(ModelShape.of(engine.model_config), dtype.itemsize, stored,
-                                     runner.quantized_max_rows, runner.kv_cache.dtype.itemsize)
+        self.window.cost = ModelCost.of_engine(engine)
         self.window.peaks = (DevicePeaks(cfg.peak_flops, cfg.peak_bandwidth, "config")
                              if cfg.peak_flops and cfg.peak_bandwidth else probe_peaks(cfg.engine.device, dtype))
         engine.step_listeners += [self.window.on_step, self.metrics.on_step, lambda r: self._scheduler_changed(engine, r)]

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.outputs import StepRecord
 from telemetry.model_shape import ModelShape
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
 
 
 @dataclass(frozen=True)
@@ -17,6 +21,15 @@ class ModelCost:
     stored_weight_bytes: int | None = None
     kernel_max_rows: int = 0
     kv_dtype_bytes: int | None = None   # the KV cache's element size where it differs from the model's (fp16 on CPU)
+
+    @staticmethod
+    def of_engine(engine: LLMEngine) -> ModelCost:
+        """A built engine's: its model's shape and dtype, the stored bytes of weights it keeps quantized
+        and its KV cache's element size (the daemon's MFU/MBU and benchmarks/step_time.py share it)."""
+        runner = engine.runner
+        stored = runner.stored_linear_bytes() if runner.weights == "quantized" else None
+        return ModelCost(ModelShape.of(engine.model_config), runner.dtype.itemsize, stored,
+                         runner.quantized_max_rows, runner.kv_cache.dtype.itemsize)
 
     @property
     def weight_bytes(self) -> int:
