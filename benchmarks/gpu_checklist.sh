@@ -19,7 +19,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 parts=${*:-tests graphs eager profile}
 STEP_ARGS="--model llama-3.1-8b --device cuda --dtype bf16 --batch-sizes 1 8 32 64 128 --chunk 512 2048
-           --hardware-profile h100-llama3.1-8b"
+           --hardware-profile h100-llama3.1-8b --wait-idle 2"
 
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"

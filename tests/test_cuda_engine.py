@@ -61,17 +61,15 @@ def greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 12) ->
 
 def decode_logits(engine: LLMEngine, prompts: list[list[int]]) -> torch.Tensor:
     """The logits of the first all-decode step after the prompts are prefilled, rows in request order."""
-    for p in prompts:
-        engine.add_request(p, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    while True:
+    ids = [engine.add_request(p, SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)) for p in prompts]
+    for _ in range(100):
         engine.step(return_logits=True)
         record = engine.last_record
         if record.num_prefill_tokens == 0 and record.num_decode_tokens == len(prompts):
-            logits = engine.last_logits
-            break
-    while engine.has_unfinished():
-        engine.step()
-    return logits
+            for request_id in ids:
+                engine.abort(request_id)
+            return engine.last_logits
+    raise AssertionError("no all-decode step in 100 steps")
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -83,7 +81,7 @@ def test_preset_sizes_pool_from_gpu_memory_and_serves(preset):
     assert engine.block_manager.num_blocks * 16 >= engine.max_model_len
     # the pool is what is left of half the GPU: everything allocated stays under it (graphs aside, ~1%)
     assert torch.cuda.memory_allocated() <= 0.5 * total * 1.02
-    assert pool_bytes >= 0.5 * total - 3 * engine.runner.stored_linear_bytes() - 4 * 2**30
+    assert pool_bytes >= 0.5 * total - engine.runner.stored_linear_bytes() - 5 * 2**30
     assert engine.runner.decode_graphs is not None
     outputs = greedy(engine, PROMPTS)
     assert all(len(o) == 12 for o in outputs)
@@ -93,18 +91,20 @@ def test_preset_sizes_pool_from_gpu_memory_and_serves(preset):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_cuda_graphs_match_eager(preset):
-    """Same weights (one seed), graphs on and off: exact tokens where a graph's batch is the step's (1, 8
-    sequences); close logits where 5 sequences ride in the graph of 8 (cuBLAS may pick other kernels)."""
+    """Same weights (one seed), graphs on and off: the same greedy tokens for one sequence (graph of 1), close
+    logits for 8 (graph of 8) and for 5 sequences riding in the graph of 8 (cuBLAS may pick other kernels)."""
     results = {}
     for graphs in (True, False):
         engine = LLMEngine(EngineConfig(model=preset, dtype="bf16", device="cuda", num_kv_blocks=2048,
                                         cuda_graphs=graphs, knobs=Knobs(token_budget=512)))
         assert (engine.runner.decode_graphs is not None) == graphs
-        results[graphs] = (greedy(engine, PROMPTS[:1]), greedy(engine, PROMPTS), decode_logits(engine, PROMPTS[:5]))
+        results[graphs] = (greedy(engine, PROMPTS[:1]), decode_logits(engine, PROMPTS),
+                           decode_logits(engine, PROMPTS[:5]))
         del engine
         free_gpu()
     (one_g, eight_g, five_g), (one_e, eight_e, five_e) = results[True], results[False]
-    assert one_g == one_e and eight_g == eight_e
+    assert one_g == one_e
+    torch.testing.assert_close(eight_g, eight_e, atol=0.02, rtol=0.02)
     torch.testing.assert_close(five_g, five_e, atol=0.05, rtol=0.05)
 
 
