@@ -28,13 +28,13 @@ STEP_ARGS="--model llama-3.1-8b --device cuda --dtype bf16 --batch-sizes 1 8 32 
 for part in $parts; do
     start=$(date +%s)
     case $part in
-    tests)   timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda_engine.py \
+    tests)   timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda_engine.py \
                  tests/test_triton_attention.py tests/test_device_sampler.py > "$OUT/tests.log" 2>&1 ;;
-    graphs)  timeout 150 python3 benchmarks/step_time.py $STEP_ARGS --torch-profile 5 \
+    graphs)  timeout 120 python3 benchmarks/step_time.py $STEP_ARGS --torch-profile 5 \
                  --json "$OUT/step_graphs.json" > "$OUT/step_graphs.log" 2>&1 ;;
-    eager)   timeout 100 python3 benchmarks/step_time.py $STEP_ARGS --no-cuda-graphs --steps 10 \
+    eager)   timeout 80 python3 benchmarks/step_time.py $STEP_ARGS --no-cuda-graphs --steps 10 \
                  --json "$OUT/step_eager.json" > "$OUT/step_eager.log" 2>&1 ;;
-    profile) timeout 150 python3 benchmarks/gpu_profile_check.py --device cuda --model llama-3.1-8b --dtype bf16 \
+    profile) timeout 110 python3 benchmarks/gpu_profile_check.py --device cuda --model llama-3.1-8b --dtype bf16 \
                  --profile h100-llama3.1-8b --points 30 --time-limit-s 80 \
                  --json "$OUT/profile_check.json" > "$OUT/profile_check.log" 2>&1 ;;
     *)       echo "unknown part $part"; continue ;;
