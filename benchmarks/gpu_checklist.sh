@@ -28,7 +28,7 @@ STEP_ARGS="--model llama-3.1-8b --device cuda --dtype bf16 --batch-sizes 1 8 32 
 for part in $parts; do
     start=$(date +%s)
     case $part in
-    tests)   timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda_engine.py \
+    tests)   timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE --tb=short tests/test_cuda_engine.py \
                  tests/test_triton_attention.py tests/test_device_sampler.py > "$OUT/tests.log" 2>&1 ;;
     graphs)  timeout 120 python3 benchmarks/step_time.py $STEP_ARGS --torch-profile 5 \
                  --json "$OUT/step_graphs.json" > "$OUT/step_graphs.log" 2>&1 ;;

@@ -293,7 +293,8 @@ def decode_tokens(engine: LLMEngine, prompts: list[list[int]], batch: int, steps
     """Enough max_tokens that no request finishes before the timed steps end: the first requests
     start decoding while later ones are still prefilling."""
     prefill_steps = -(-sum(len(p) for p in prompts[:batch]) // engine.scheduler.knobs.token_budget)
-    return prefill_steps + warmup + steps + 8
+    # x4: the deadline policy may cut the budget's steps smaller to keep the running decodes' TBT
+    return 4 * prefill_steps + warmup + steps + 8
 
 
 def is_pure_decode(record: StepRecord, batch: int) -> bool:
@@ -383,7 +384,7 @@ def print_table(stats: list[StepStats]) -> None:
 def kv_blocks_needed(args: argparse.Namespace) -> int:
     """Blocks for the largest decode batch to its last token, or for the prefill prompts, whichever is more."""
     max_batch = max(args.batch_sizes)
-    prefill_steps = -(-max_batch * args.context // max(max(args.chunk), max_batch))
+    prefill_steps = 4 * -(-max_batch * args.context // max(max(args.chunk), max_batch))
     decode_len = args.context + prefill_steps + args.warmup_steps + args.steps + args.torch_profile + 8 + 16
     prompts = max(args.prefill_requests, args.torch_profile)
     return max(max_batch * -(-decode_len // 16), prompts * -(-args.prefill_prompt_len // 16)) + 16
@@ -392,7 +393,9 @@ def kv_blocks_needed(args: argparse.Namespace) -> int:
 def build_engine(args: argparse.Namespace) -> LLMEngine:
     max_batch, top_chunk = max(args.batch_sizes), max(args.chunk)
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, block_size=16,
-                          num_kv_blocks=args.num_kv_blocks or kv_blocks_needed(args),
+                          # on a GPU, unless given: the pool gpu_memory_utilization leaves (the daemon's)
+                          num_kv_blocks=args.num_kv_blocks or (None if args.device.startswith("cuda")
+                                                               else kv_blocks_needed(args)),
                           max_model_len=args.max_model_len, cuda_graphs=not args.no_cuda_graphs,
                           max_token_budget=max(8192, top_chunk, max_batch),
                           knobs=Knobs(token_budget=max(top_chunk, max_batch), max_num_seqs=max(256, max_batch)))

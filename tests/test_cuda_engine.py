@@ -40,14 +40,15 @@ def test_triton_matches_torch_at_real_shapes(head_dim, heads, kv_heads):
     q = torch.randn(t, heads, head_dim, generator=g, device="cuda").bfloat16()
     k, v = (torch.randn(t, kv_heads, head_dim, generator=g, device="cuda").bfloat16() for _ in range(2))
     cache = torch.randn(2, slots, kv_heads, head_dim, generator=g, device="cuda").bfloat16()
-    outs = []
-    for backend in (TorchAttention(head_dim ** -0.5), TritonAttention(head_dim ** -0.5)):
-        k_cache, v_cache = cache[0].clone(), cache[1].clone()
-        outs.append((backend.attend(q, k, v, k_cache, v_cache, backend.prepare(layout, torch.device("cuda"))),
-                     k_cache, v_cache))
-    (ref, ref_k, ref_v), (out, k_cache, v_cache) = outs
-    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
-    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+    # the reference: the torch backend in fp32 on the CPU (the same bf16 inputs, upcast)
+    ref_k, ref_v = cache[0].float().cpu(), cache[1].float().cpu()
+    ref = TorchAttention(head_dim ** -0.5).attend(q.float().cpu(), k.float().cpu(), v.float().cpu(), ref_k, ref_v,
+                                                  TorchAttention(1.0).prepare(layout, torch.device("cpu")))
+    triton = TritonAttention(head_dim ** -0.5)
+    k_cache, v_cache = cache[0].clone(), cache[1].clone()
+    out = triton.attend(q, k, v, k_cache, v_cache, triton.prepare(layout, torch.device("cuda")))
+    torch.testing.assert_close(out.float().cpu(), ref, atol=2e-2, rtol=2e-2)
+    assert torch.equal(k_cache.float().cpu(), ref_k) and torch.equal(v_cache.float().cpu(), ref_v)
 
 
 def greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 12) -> list[list[int]]:

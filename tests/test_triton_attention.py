@@ -145,6 +145,7 @@ class ReplayedEagerly:
         self.output.copy_(self.graphs._forward(self.batch))
 
 
+@pytest.mark.skipif(not INTERPRET, reason="GPU present: tests/test_cuda_engine.py replays real graphs")
 def test_decode_graph_inputs_on_padded_batches(tiny_hf):
     """DecodeGraphs' static buffers and padding, without a GPU: its graphs stood in for by eager replays over
     the same buffers. Greedy tokens match the plain engine's while 1-3 decodes ride in graphs of 1/2/4."""

@@ -7,7 +7,8 @@ so the write must run first; they share the online-softmax tile loop below.
 
 Conventions, kept for the CPU interpreter (TRITON_INTERPRET=1) as much as for the GPU:
 - pointer arithmetic with tl.arange and masks (no tl.make_block_ptr, gone in Triton 3.9);
-- every load is upcast to fp32 at once (the interpreter computes bf16 wrongly otherwise);
+- under the interpreter every load is upcast to fp32 at once (it computes bf16 wrongly otherwise); on the
+  GPU 16-bit q/k/v enter the dots as stored (_native_dot);
 - fixed block sizes, no autotuning; head_dim is padded to a power of two and masked.
 """
 
@@ -49,10 +50,12 @@ def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
 def _attend_tile(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_row_ptr, key_start,
                  rows_last_key, seq_len, kv_head, stride_cs, stride_ch, qk_scale,
                  BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, NATIVE_DOT: tl.constexpr):
     """One online-softmax step over keys [key_start, key_start + BLOCK_N) gathered by block table.
 
     rows_last_key: [rows] the last key position each query row may attend to (causal limit).
+    NATIVE_DOT: q, k, v and p enter the dots in the cache's 16-bit type (fp32 accumulation), as FlashAttention
+    does; else everything is upcast to fp32 (see _dot_precision).
     """
     keys = key_start + tl.arange(0, BLOCK_N)
     key_valid = keys < seq_len
@@ -61,18 +64,23 @@ def _attend_tile(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_row_ptr
     dims = tl.arange(0, BLOCK_D)
     kv_offs = slots[:, None] * stride_cs + kv_head * stride_ch + dims[None, :]
     kv_mask = key_valid[:, None] & (dims[None, :] < HEAD_DIM)
-    k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
-    v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
-
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # [rows, BLOCK_N], log2 units
+    k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+    if NATIVE_DOT:
+        s = tl.dot(q, tl.trans(k)) * qk_scale   # [rows, BLOCK_N], log2 units
+    else:
+        k, v = k.to(tl.float32), v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     allowed = key_valid[None, :] & (keys[None, :] <= rows_last_key[:, None])
     s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    # p is computed in fp32: a tf32 dot rounds it to a 10-bit mantissa (see _dot_precision)
-    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+    if NATIVE_DOT:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    else:   # p is computed in fp32: a tf32 dot rounds it to a 10-bit mantissa (see _dot_precision)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -81,7 +89,7 @@ def _decode_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, s
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cs, stride_ch, stride_bt, qk_scale,
                    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, NATIVE_DOT: tl.constexpr):
     """One program per (decode sequence, kv head): its GROUP query heads share each loaded key tile."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -90,8 +98,9 @@ def _decode_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, s
     head_valid = tl.arange(0, BLOCK_G) < GROUP
     dims = tl.arange(0, BLOCK_D)
     q_mask = head_valid[:, None] & (dims[None, :] < HEAD_DIM)
-    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                mask=q_mask, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + dims[None, :], mask=q_mask, other=0.0)
+    if not NATIVE_DOT:
+        q = q.to(tl.float32)
 
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_G], -1e30, dtype=tl.float32)   # finite, so all-masked tiles give no NaN
@@ -100,7 +109,7 @@ def _decode_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, s
     for key_start in range(0, seq_len, BLOCK_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt,
                                      key_start, last_key, seq_len, kv_head, stride_cs, stride_ch, qk_scale,
-                                     BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PRECISION)
+                                     BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PRECISION, NATIVE_DOT)
     out = acc / l_i[:, None]
     tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=q_mask)
@@ -112,7 +121,7 @@ def _prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, 
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cs, stride_ch, stride_bt, qk_scale,
                     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+                    DOT_PRECISION: tl.constexpr, NATIVE_DOT: tl.constexpr):
     """One program per (chunk, query head, tile of BLOCK_M query rows); keys come from the cache."""
     seq = first_seq + tl.program_id(0)
     head = tl.program_id(1)
@@ -129,7 +138,9 @@ def _prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, 
     dims = tl.arange(0, BLOCK_D)
     q_offs = (query_start + rows)[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :]
     q_mask = row_valid[:, None] & (dims[None, :] < HEAD_DIM)
-    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
+    if not NATIVE_DOT:
+        q = q.to(tl.float32)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
@@ -139,7 +150,7 @@ def _prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, 
     for key_start in range(0, key_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt,
                                      key_start, last_key, key_end, kv_head, stride_cs, stride_ch, qk_scale,
-                                     BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PRECISION)
+                                     BLOCK_SIZE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PRECISION, NATIVE_DOT)
     out = acc / tl.where(row_valid, l_i, 1.0)[:, None]
     o_offs = (query_start + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + dims[None, :]
     tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
@@ -157,6 +168,12 @@ def _dot_precision(dtype: torch.dtype) -> str:
     probability): no more than the rounding of the 16-bit output itself (2^-8 for bf16, 2^-11 for
     fp16) and finer than FlashAttention's cast of p to the 16-bit type, but not exact fp32."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _native_dot(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """16-bit queries and cache on the GPU: the dots take them as stored (tensor cores at the 16-bit rate,
+    twice tf32's; p rounded to the 16-bit type as FlashAttention rounds it). The interpreter upcasts all."""
+    return q.is_cuda and q.dtype == k_cache.dtype and q.dtype in (torch.bfloat16, torch.float16)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -185,7 +202,8 @@ def paged_decode(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_ca
         k_cache.stride(0), k_cache.stride(1), block_tables.stride(0), scale * LOG2E,
         GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
         BLOCK_G=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), BLOCK_N=DECODE_BLOCK_N,
-        BLOCK_D=_block_d(head_dim), DOT_PRECISION=_dot_precision(k_cache.dtype))
+        BLOCK_D=_block_d(head_dim), DOT_PRECISION=_dot_precision(k_cache.dtype),
+        NATIVE_DOT=_native_dot(q, k_cache))
 
 
 def varlen_prefill(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -206,4 +224,4 @@ def varlen_prefill(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
         block_tables.stride(0), scale * LOG2E, GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
         BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N, BLOCK_D=_block_d(head_dim),
-        DOT_PRECISION=_dot_precision(k_cache.dtype))
+        DOT_PRECISION=_dot_precision(k_cache.dtype), NATIVE_DOT=_native_dot(q, k_cache))
