@@ -137,7 +137,9 @@ class ModelRunner:
             logits_indices = (layout.query_starts + layout.query_lens - 1)[sampling]
         t1 = time.perf_counter()
         if graphs is not None:
-            logits = graphs.replay(input_ids, layout)[torch.from_numpy(sampling).to(self.device)]
+            logits = graphs.replay(input_ids, layout)
+            if len(sampling) < layout.num_seqs:
+                logits = logits[torch.from_numpy(sampling).to(self.device)]
         else:
             logits = self.model(to(input_ids), to(layout.positions()), to(logits_indices),
                                 self.attention, self.kv_cache, meta)

@@ -146,7 +146,7 @@ class TorchAttention:
         # the query heads sharing a KV head are that head's queries: [D, KVH, H / KVH, Dh]
         out = F.scaled_dot_product_attention(q.reshape(num_seqs, kv_heads, -1, head_dim), keys.view(shape),
                                              values.view(shape), attn_mask=meta.decode_bias, scale=self.scale)
-        return out.view(q.shape)
+        return out.reshape(q.shape)   # CUDA's SDPA may return it in another memory order than the CPU's
 
     def _prefill(self, q, k, v, k_cache, v_cache, chunk: PrefillChunk) -> torch.Tensor:
         kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
