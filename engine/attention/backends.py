@@ -121,7 +121,7 @@ class TorchAttention:
             out[:d] = self._decode(q[:d], k_cache, v_cache, meta)
         for chunk in meta.prefills:
             s, e = chunk.query_start, chunk.query_start + chunk.query_len
-            out[s:e] = self._prefill(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk)
+            out[s:e] = self.prefill(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk)
         return out
 
     @staticmethod
@@ -148,7 +148,8 @@ class TorchAttention:
                                              values.view(shape), attn_mask=meta.decode_bias, scale=self.scale)
         return out.reshape(q.shape)   # CUDA's SDPA may return it in another memory order than the CPU's
 
-    def _prefill(self, q, k, v, k_cache, v_cache, chunk: PrefillChunk) -> torch.Tensor:
+    def prefill(self, q, k, v, k_cache, v_cache, chunk: PrefillChunk) -> torch.Tensor:
+        """One chunk's attention (its K/V already in the cache); q/k/v: the chunk's rows."""
         kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
         if chunk.mask is not None and chunk.bias is None:
             chunk.bias = _additive(chunk.mask, q.dtype)

@@ -6,13 +6,13 @@ one varlen launch for all prefill chunks, both reading their keys from the cache
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from engine.kernels import triton_kernels
-from engine.attention.backends import HeadShape, split_rotated
+from engine.attention.backends import HeadShape, PrefillChunk, TorchAttention, prefill_chunks, split_rotated
 from engine.attention.batch_layout import BatchLayout
 
 
@@ -29,6 +29,8 @@ class TritonAttentionMetadata:
     num_prefills: int
     max_query_len: int            # longest prefill chunk (sizes the prefill grid)
     block_size: int
+    # chunks with cached context, each for TorchAttention.prefill where later_chunks_on_torch() says so
+    later_chunks: list[PrefillChunk] = field(default_factory=list)
 
 
 class TritonAttention:
@@ -36,6 +38,7 @@ class TritonAttention:
 
     def __init__(self, scale: float) -> None:
         self.scale = scale
+        self.torch = TorchAttention(scale)   # for chunks with cached context on a GPU (later_chunks_on_torch)
 
     def prepare(self, layout: BatchLayout, device: torch.device) -> TritonAttentionMetadata:
         to = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)  # noqa: E731
@@ -51,6 +54,7 @@ class TritonAttention:
             num_prefills=layout.num_seqs - d,
             max_query_len=int(layout.query_lens[d:].max()) if layout.num_seqs > d else 0,
             block_size=layout.block_size,
+            later_chunks=[c for c in prefill_chunks(layout, device) if c.context_len],
         )
 
     def attend_qkv(self, qkv, heads: HeadShape, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
@@ -63,10 +67,24 @@ class TritonAttention:
         d = meta.num_decodes
         triton_kernels.paged_decode(q[:d], out[:d], k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.block_size, self.scale)
+        on_torch = later_chunks_on_torch(k_cache)
         triton_kernels.varlen_prefill(q, out, k_cache, v_cache, meta.block_tables, meta.query_starts,
                                       meta.query_lens, meta.context_lens, d, meta.num_prefills,
-                                      meta.max_query_len, meta.block_size, self.scale)
+                                      meta.max_query_len, meta.block_size, self.scale, first_chunks_only=on_torch)
+        if on_torch:
+            for chunk in meta.later_chunks:
+                s, e = chunk.query_start, chunk.query_start + chunk.query_len
+                out[s:e] = self.torch.prefill(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk)
         return out
+
+
+def later_chunks_on_torch(k_cache: torch.Tensor) -> bool:
+    """Chunks with cached context go to torch's gather + SDPA on a GPU with a 16-bit cache. There the prefill
+    kernel's tensor-core dots (bf16, or tf32 on upcast values) gave wrong logits for such chunks inside the
+    engine (relative error 0.60 against the CPU's fp32 reference, 0.02 for torch; H100, Triton 3.6), while
+    its fp32 dots were exact and first chunks and decodes were right (docs/gpu.md). Until that is found, the
+    kernel runs first chunks only there."""
+    return k_cache.is_cuda and k_cache.dtype != torch.float32
 
 
 def _pad_block_tables(tables: list[np.ndarray]) -> np.ndarray:
