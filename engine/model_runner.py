@@ -59,7 +59,7 @@ class ModelRunner:
             log.warning("attention backend %r has no sliding window: %s runs on the torch backend",
                         self.attention.name, c.name)
             self.attention = TorchAttention(c.attention_scale)
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(seed, self.device)
         self.decode_graphs: DecodeGraphs | None = None
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
