@@ -323,3 +323,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 if __name__ == "__main__":
     main()
     sys.exit(0)
+
+
+def render_doc(sources: list) -> str:
+    """docs/gpu.md's summary of one comparison: median |error| overall and by kind, the 2048-token prefill."""
+    data = results_file.read(sources[0])
+    s, own = data["summary"], data["own_cost_model"]
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    rows = [("all steps", s["points"], s["median_abs_error"]),
+            ("decode-only", s["decode_points"], s["median_abs_error_decode"]),
+            ("with a prefill chunk", s["prefill_points"], s["median_abs_error_prefill"])]
+    lines = [f"{data['model']} ({data['dtype']}) on {data['device_name']} against profile {data['profile']}.", "",
+             "| steps | points | median \\|error\\| |", "|---|---:|---:|"]
+    lines += [f"| {name} | {n} | {pct(error)} |" for name, n, error in rows]
+    big = next((r for r in data["rows"] if r["prefill_tokens"] == 2048 and not r["decodes"]), None)
+    lines += ["", f"Measured / profile, median: {s['median_measured_over_profile']:.2f}x; our own cost model fitted "
+              f"on the same steps: holdout MAPE {pct(own['holdout_mape'])}."]
+    if big is not None:
+        lines[-1] += (f" The 2048-token prefill: {big['measured_ms']:.1f} ms measured, {big['profile_ms']:.1f} ms "
+                      f"in the profile ({pct(big['error'])}).")
+    return "\n".join(lines)

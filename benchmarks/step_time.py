@@ -480,3 +480,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 if __name__ == "__main__":
     sys.exit(1 if main()["errors"] else 0)
+
+
+
+def render_doc(sources: list) -> str:
+    """docs/gpu.md's table: the same steps with CUDA graphs (sources[0], with the profiler's kernel time) and
+    without (sources[1]), measured in one call on one machine."""
+    graphs, eager = (results_file.read(s) for s in sources)
+    eager_by_step = {_step_key(r): r for r in eager["results"]}
+    lines = [f"{graphs['model']} ({graphs['dtype']}) on {graphs['gpu_name']}, {graphs['num_kv_blocks']} KV blocks; "
+             f"peaks from {graphs['peaks']['source']}; medians of {graphs['steps']} steps (graphs) and "
+             f"{eager['steps']} (eager).", "",
+             "| step | context | graphs ms | eager ms | eager / graphs | MBU % | MFU % | kernel ms | kernel MBU % |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in graphs["results"]:
+        e = eager_by_step.get(_step_key(r))
+        eager_ms = "-" if e is None else f"{1e3 * e['wall_s']:.1f}"
+        ratio = "-" if e is None else f"{e['wall_s'] / r['wall_s']:.2f}x"
+        lines.append(f"| {r['kind']} {r['batch']} | {r['context']} | {1e3 * r['wall_s']:.1f} | {eager_ms} | {ratio} | "
+                     f"{_pct(r['mbu'])} | {_pct(r['mfu'])} | {_ms(r['kernel_s'])} | {_pct(r['kernel_mbu'])} |")
+    return "\n".join(lines)
+
+
+def _step_key(result: dict) -> tuple:
+    """Decodes by batch (their context drifts by a few tokens between runs), prefill chunks by cached context too."""
+    return result["kind"], result["batch"], result["context"] if result["kind"] == "prefill" else None
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.1f}"
