@@ -270,7 +270,8 @@ def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: di
         layers = [m for n, m in linears.items() if n.startswith("model.layers.")] or list(linears.values())
         crossover = measure_crossover(max(layers, key=lambda m: m.nbytes))
         path.max_rows, path.measured = crossover.max_rows, True
-        log.info("quantized kernels for steps of up to %d rows, dequantize + fp32 GEMM above (measured: %s)",
-                 crossover.max_rows, ", ".join(f"{n} rows {crossover.quantized_s[n] * 1e3:.2f}/"
-                                               f"{crossover.dense_s[n] * 1e3:.2f} ms" for n in crossover.dense_s))
+        gemm = "bf16" if path.dense_dtype == torch.bfloat16 else "fp32"
+        log.info("quantized kernels for steps of up to %d rows, dequantize + %s GEMM above (measured: %s)",
+                 crossover.max_rows, gemm, ", ".join(f"{n} rows {crossover.quantized_s[n] * 1e3:.2f}/"
+                                                     f"{crossover.dense_s[n] * 1e3:.2f} ms" for n in crossover.dense_s))
     return path

@@ -7,8 +7,9 @@ rows, fp32 tiles on panels dequantized into L1 from there). Where the CPU has AV
 with AVX-512 VNNI), the loader interleaves the rows of every type (Q4_0/Q4_1/Q5_0/Q8_0 and the
 K-quants Q4_K/Q5_K/Q6_K) in groups of 16 for engine/kernels/csrc/qlinear_x16.c, whose 16-bit products run at
 every row count (`QuantKernels.interleave`).
-A larger step may go faster on MKL's fp32 GEMM; those steps dequantize each weight (a chunk at a
-time, into a reused buffer) and call torch's matmul, so no dense copy of the model is kept.
+A larger step may go faster on torch's GEMM (fp32, or bf16 on AMX: dense_gemm_dtype); those steps
+dequantize each weight (a chunk at a time, into a reused buffer) and call torch's matmul, so no dense copy
+of the model is kept.
 `measure_crossover` picks `max_rows` on the machine.
 
 Where the library was not built or the CPU lacks AVX2/FMA/F16C, `load_kernels` says so once in the
@@ -285,7 +286,7 @@ class QuantizedLinear(nn.Module):
         return out
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
-        """Dequantize a chunk of output rows (all of a layer's) into the scratch buffer, fp32 GEMM, next chunk."""
+        """Dequantize a chunk of output rows (all of a layer's) into the scratch buffer, GEMM, next chunk."""
         if self.path.dense_dtype == torch.bfloat16:
             return self._dense_bf16(x)
         out = torch.empty(x.shape[0], self.out_features)
@@ -359,7 +360,7 @@ CROSSOVER_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 def measure_crossover(linear: QuantizedLinear, candidates: tuple[int, ...] = CROSSOVER_ROWS,
                       repeats: int = 3) -> Crossover:
-    """The largest row count up to which the quantized kernel beats dequantize + fp32 GEMM on `linear`
+    """The largest row count up to which the quantized kernel beats dequantize + GEMM on `linear`
     (best of `repeats`, so a busy core shows less); stops at the first count where dense wins. On the
     GGUF layout the fp32 GEMM wins from a few dozen rows on; on interleaved rows with VNNI the 16-bit
     products ran at twice its speed at every count measured (Zen 4), hence counts up to 2048."""
