@@ -128,7 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cuda-graphs", action="store_true", help="on CUDA: run every step eagerly")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's own, capped by the engine")
     p.add_argument("--num-kv-blocks", type=int, default=None,
-                   help="KV pool in blocks of 16 tokens (default: what the measurements need)")
+                   help="KV pool in blocks of 16 tokens (default: what the measurements need on the CPU, "
+                        "what gpu_memory_utilization leaves on a GPU)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64],
                    help="decode batch sizes (default 1 8 32 64)")
     p.add_argument("--context", type=int, default=200, help="prompt tokens per decode sequence (default 200)")
