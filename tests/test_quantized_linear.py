@@ -294,6 +294,17 @@ def test_dense_path_in_chunks_covers_every_row(monkeypatch, dense_dtype):
     assert (whole.double() - expect).abs().max() <= tol * expect.abs().max()
 
 
+def test_dense_bf16_path_in_and_out_of_inference_mode():
+    """The scratch buffers outlive the call that made them: one made during an engine step (inference mode)
+    serves a later call outside it (the crossover measurement of the next engine built), and back."""
+    layer, _ = fused_linear(0, bias=False, dense_dtype=torch.bfloat16)
+    layer.path.kernels._scratch.__dict__.clear()
+    x = torch.randn(3, 256)
+    with torch.inference_mode():
+        inside = layer(x)
+    torch.testing.assert_close(layer(x), inside)
+
+
 def test_dense_gemm_dtype_follows_amx(monkeypatch):
     import engine.kernels.quantized_linear as ql
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)

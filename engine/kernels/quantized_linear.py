@@ -206,7 +206,8 @@ class QuantKernels:
         name = f"buf_{dtype}"
         buf = getattr(self._scratch, name, None)
         if buf is None or buf.numel() < elements:
-            buf = torch.empty(elements, dtype=dtype)
+            with torch.inference_mode(False):   # a normal tensor: torch's in-place ops on it work in and out of inference mode
+                buf = torch.empty(elements, dtype=dtype)
             setattr(self._scratch, name, buf)
         return buf[:elements]
 
