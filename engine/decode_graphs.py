@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine.attention.batch_layout import BatchLayout
-from engine.attention.triton_attention import TritonAttentionMetadata
+from engine.attention.triton_attention import TritonAttentionMetadata, pad_block_tables
 from engine.model.transformer import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -104,11 +104,8 @@ class DecodeGraphs:
         host = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))  # noqa: E731
         s.input_ids[:n].copy_(host(input_ids, np.int64))
         s.positions[:n].copy_(host(layout.context_lens, np.int64))
-        width = max(len(t) for t in layout.block_tables)
-        tables = np.zeros((n, width), dtype=np.int32)
-        for i, table in enumerate(layout.block_tables):
-            tables[i, :len(table)] = table
-        s.block_tables[:n, :width].copy_(host(tables, np.int32))
+        tables = pad_block_tables(layout.block_tables)
+        s.block_tables[:n, :tables.shape[1]].copy_(host(tables, np.int32))
         s.seq_lens[:n].copy_(host(layout.seq_lens, np.int32))
         s.slot_mapping[:n].copy_(host(layout.slot_mapping(), np.int32))
         if batch > n:   # padding rows: no K/V written, one key read

@@ -6,7 +6,7 @@ one varlen launch for all prefill chunks, both reading their keys from the cache
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,8 +29,16 @@ class TritonAttentionMetadata:
     num_prefills: int
     max_query_len: int            # longest prefill chunk (sizes the prefill grid)
     block_size: int
-    # chunks with cached context, each for TorchAttention.prefill where later_chunks_on_torch() says so
-    later_chunks: list[PrefillChunk] = field(default_factory=list)
+    layout: BatchLayout | None = None   # the step's, for later_chunks (None: a decode graph's, no chunks)
+    # chunks with cached context for TorchAttention.prefill, made on the first layer that needs them
+    # (later_chunks_on_torch) and kept for the step's other layers
+    later: list[PrefillChunk] | None = None
+
+    def later_chunks(self, device: torch.device) -> list[PrefillChunk]:
+        if self.later is None:
+            chunks = prefill_chunks(self.layout, device) if self.layout is not None and self.num_prefills else []
+            self.later = [c for c in chunks if c.context_len]
+        return self.later
 
 
 class TritonAttention:
@@ -45,7 +53,7 @@ class TritonAttention:
         d = layout.num_decodes
         return TritonAttentionMetadata(
             slot_mapping=to(layout.slot_mapping()),
-            block_tables=to(_pad_block_tables(layout.block_tables)),
+            block_tables=to(pad_block_tables(layout.block_tables)),
             seq_lens=to(layout.seq_lens),
             query_starts=to(layout.query_starts),
             query_lens=to(layout.query_lens),
@@ -54,7 +62,7 @@ class TritonAttention:
             num_prefills=layout.num_seqs - d,
             max_query_len=int(layout.query_lens[d:].max()) if layout.num_seqs > d else 0,
             block_size=layout.block_size,
-            later_chunks=[c for c in prefill_chunks(layout, device) if c.context_len],
+            layout=layout,
         )
 
     def attend_qkv(self, qkv, heads: HeadShape, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
@@ -72,7 +80,7 @@ class TritonAttention:
                                       meta.query_lens, meta.context_lens, d, meta.num_prefills,
                                       meta.max_query_len, meta.block_size, self.scale, first_chunks_only=on_torch)
         if on_torch:
-            for chunk in meta.later_chunks:
+            for chunk in meta.later_chunks(q.device):
                 s, e = chunk.query_start, chunk.query_start + chunk.query_len
                 out[s:e] = self.torch.prefill(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk)
         return out
@@ -87,7 +95,7 @@ def later_chunks_on_torch(k_cache: torch.Tensor) -> bool:
     return k_cache.is_cuda and k_cache.dtype != torch.float32
 
 
-def _pad_block_tables(tables: list[np.ndarray]) -> np.ndarray:
+def pad_block_tables(tables: list[np.ndarray]) -> np.ndarray:
     """One [S, max_blocks] table; padding is never read because keys stop at each seq_len."""
     width = max((len(t) for t in tables), default=0)
     padded = np.zeros((len(tables), max(width, 1)), dtype=np.int32)

@@ -287,40 +287,35 @@ class QuantizedLinear(nn.Module):
         return out
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
-        """Dequantize a chunk of output rows (all of a layer's) into the scratch buffer, GEMM, next chunk."""
-        if self.path.dense_dtype == torch.bfloat16:
-            return self._dense_bf16(x)
+        """Dequantize a chunk of output rows (all of a layer's where they fit) into a reused buffer of the path's
+        dense dtype, GEMM, next chunk. bf16 (AMX): fp32 accumulation, a bf16 result."""
+        dtype = self.path.dense_dtype
         out = torch.empty(x.shape[0], self.out_features)
-        step = max(1, SCRATCH_FLOATS // self.in_features)
+        x = x.to(dtype)
+        step = max(1, (BF16_CHUNK_ELEMENTS if dtype == torch.bfloat16 else SCRATCH_FLOATS) // self.in_features)
         for r0 in range(0, self.out_features, step):
             r1 = min(r0 + step, self.out_features)
-            w = self.path.kernels.scratch((r1 - r0) * self.in_features).view(r1 - r0, self.in_features)
-            self._dequantize_rows(r0, r1, w)
+            w = self.path.kernels.scratch((r1 - r0) * self.in_features, dtype).view(r1 - r0, self.in_features)
+            self._dequantize_into(r0, r1, w)
             self.path.kernels.park()
-            if r1 - r0 == self.out_features:
+            if r1 - r0 == self.out_features and dtype == out.dtype:
                 torch.matmul(x, w.t(), out=out)
             else:
                 out[:, r0:r1] = x @ w.t()
         return out
 
-    def _dense_bf16(self, x: torch.Tensor) -> torch.Tensor:
-        """As dense, with a bf16 chunk: rows dequantized a tile at a time into fp32 (a tile stays in L2) and
-        converted into it, then a bf16 GEMM of the chunk (fp32 accumulation, bf16 result)."""
-        out = torch.empty(x.shape[0], self.out_features)
-        xb = x.to(torch.bfloat16)
-        step = max(1, BF16_CHUNK_ELEMENTS // self.in_features)
+    def _dequantize_into(self, r0: int, r1: int, w: torch.Tensor) -> None:
+        """Rows r0..r1 into w: directly in fp32; for bf16 a tile of fp32 rows at a time (it stays in L2) and
+        converted into w."""
+        if w.dtype == torch.float32:
+            self._dequantize_rows(r0, r1, w)
+            return
         tile = max(1, DEQUANTIZE_TILE_FLOATS // self.in_features)
-        for r0 in range(0, self.out_features, step):
-            r1 = min(r0 + step, self.out_features)
-            w = self.path.kernels.scratch((r1 - r0) * self.in_features, torch.bfloat16).view(r1 - r0, self.in_features)
-            for t0 in range(r0, r1, tile):
-                t1 = min(t0 + tile, r1)
-                rows = self.path.kernels.scratch((t1 - t0) * self.in_features).view(t1 - t0, self.in_features)
-                self._dequantize_rows(t0, t1, rows)
-                w[t0 - r0:t1 - r0].copy_(rows)
-            self.path.kernels.park()
-            out[:, r0:r1] = xb @ w.t()
-        return out
+        for t0 in range(r0, r1, tile):
+            t1 = min(t0 + tile, r1)
+            rows = self.path.kernels.scratch((t1 - t0) * self.in_features).view(t1 - t0, self.in_features)
+            self._dequantize_rows(t0, t1, rows)
+            w[t0 - r0:t1 - r0].copy_(rows)
 
     def _dequantize_rows(self, r0: int, r1: int, w: torch.Tensor) -> None:
         """Rows r0..r1 of the concatenated parts into w."""
