@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cluster.replica_capacity import LatencyPoint, ReplicaCapacity
+from cluster.replica_telemetry import ReplicaTelemetry
+from engine.slo_class import SloClass
 from loadgen.workload import RequestSpec, Workload, generate
 from policies import DEFAULT_POLICY, Knobs
 from simulation.profile_cost_model import StepTimeModel
@@ -37,11 +39,9 @@ def profile_replica(workload: Workload, cost: StepTimeModel, policy: str = DEFAU
         n = max(MIN_REQUESTS, int(rate * PROBE_S))
         specs = at_rate(generate(workload, num_requests=n, seed=seed), rate)
         run = simulate(specs, cost, policy, knobs)
-        ttft = [r.ttft_s for r in run.records if r.ttft_s is not None]
-        tpot = [(r.finished - r.first_token) / (r.num_output_tokens - 1) for r in run.records
-                if r.first_token is not None and r.num_output_tokens > 1]
+        seen = ReplicaTelemetry.of(run.records, SloClass(), 0.0)     # the tightest class's latencies, as the fleet's
         ok = (run.summary.slo_attainment or 0.0) >= slo_target
-        probes[rate] = (ok, sum(ttft) / max(len(ttft), 1), sum(tpot) / max(len(tpot), 1))
+        probes[rate] = (ok, seen.ttft_mean_s or 0.0, seen.tpot_mean_s or 0.0)
         return ok
 
     capacity = _search(probe, 0.5 / (prompt * prefill_s + output * decode_s), max_probes)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from cluster.fleet_scalers import Scaler
 from cluster.fleet_telemetry import FleetTelemetry
+from cluster.replica_telemetry import ReplicaTelemetry
 from cluster.router import NoReplicaError, ReplicaLoad, Router, RouterConfig
 from engine.kv_cache.block_manager import BLOCK_SIZE
 from engine.outputs import RequestRecord
@@ -203,15 +204,8 @@ class _Accumulator:
 
     def telemetry(self, interval_s: float, finished: list[RequestRecord], kv_usage: float, serving: int,
                   starting: int) -> FleetTelemetry:
-        n, slo = self.arrivals, SloClass()
-        ttfts = [r.ttft_s for r in finished if r.ttft_s is not None]
-        tpots = [(r.finished - r.first_token) / (r.num_output_tokens - 1) for r in finished
-                 if r.first_token is not None and r.num_output_tokens > 1]
-        return FleetTelemetry(
-            interval_s, n, self.prompt_tokens / n if n else 0.0, self.output_tokens / n if n else 0.0,
-            self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0, kv_usage, len(finished),
-            sum(ttfts) / len(ttfts) if ttfts else None, sum(tpots) / len(tpots) if tpots else None,
-            sum(meets_slo(r, slo) for r in finished) / len(finished) if finished else None, serving, starting)
+        return FleetTelemetry.of(interval_s, self.arrivals, self.prompt_tokens, self.output_tokens, self.cached_tokens,
+                                 ReplicaTelemetry.of(finished, SloClass(), kv_usage), serving, starting)
 
 
 def run_day(specs: Sequence[RequestSpec], make_simulator: Callable[[], Simulator], scaler: Scaler,

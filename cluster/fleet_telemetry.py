@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cluster.replica_telemetry import ReplicaTelemetry
+
 
 @dataclass(frozen=True)
 class FleetTelemetry:
@@ -15,8 +17,8 @@ class FleetTelemetry:
     cached_fraction: float = 0.0      # prefix hit rate: prompt tokens found cached / prompt tokens
     kv_usage: float = 0.0             # mean KV-cache usage of the serving replicas (0-1)
     finished: int = 0                 # requests that finished in the interval
-    ttft_s: float | None = None       # their mean TTFT
-    tpot_s: float | None = None       # their mean time per output token after the first
+    ttft_s: float | None = None       # mean TTFT of the tightest SLO class among them
+    tpot_s: float | None = None       # its mean time per output token after the first
     attainment: float | None = None   # share of them within their SLO class's targets
     serving: int = 0                  # replicas taking requests
     starting: int = 0                 # replicas loading their model
@@ -24,6 +26,16 @@ class FleetTelemetry:
     def __post_init__(self) -> None:
         if not self.interval_s > 0 or self.arrivals < 0 or self.finished < 0:
             raise ValueError("telemetry: interval_s must be > 0, arrivals and finished >= 0")
+
+    @staticmethod
+    def of(interval_s: float, arrivals: int, prompt_tokens: int, output_tokens: int, cached_tokens: int,
+           replicas: ReplicaTelemetry, serving: int, starting: int) -> FleetTelemetry:
+        """From an interval's arrivals (counts and token sums) and the replicas' summed answers."""
+        n = arrivals
+        return FleetTelemetry(interval_s, n, prompt_tokens / n if n else 0.0, output_tokens / n if n else 0.0,
+                              cached_tokens / prompt_tokens if prompt_tokens else 0.0, replicas.kv_usage,
+                              replicas.finished, replicas.ttft_mean_s, replicas.tpot_mean_s, replicas.attainment,
+                              serving, starting)
 
     @property
     def rate_rps(self) -> float:

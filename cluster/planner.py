@@ -9,8 +9,9 @@ cluster/planner_service.py runs it in the ingress, cluster/fleet_run.py in the f
     wanted = ceil(forecast x (1 + headroom) / per replica), + 1 if the interval missed the SLO target
              and the last scale-up has served a whole interval (nothing starting, startup_s +
              interval_s since it was asked for): misses seen before it are the backlog it answers
-    target = wanted when it is more than now (at once); less only after it has wanted less for
-             scale_down_delay_s (then the most it wanted meanwhile); within min/max replicas
+    target = wanted when it is more than now (at once); else the most wanted over the last
+             scale_down_delay_s (Kubernetes HPA's stabilization window: the fleet steps down as the
+             load's recent peak passes, one plan at a time); within min/max replicas
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ class Planner:
         self.config, self.capacity = config, capacity
         self.rates: deque[float] = deque(maxlen=HISTORY)
         self.current = config.min_replicas
-        self._low_since: float | None = None      # when the load started wanting fewer replicas
-        self._low_max = 0                         # the most it wanted since
+        self._wants: deque[tuple[float, int]] = deque()   # (time, wanted) over the scale-down delay
         self._last_up: float | None = None        # when it last asked for more replicas
         self._factors = (1.0, 1.0)                # the latency factors of the last settled interval
 
@@ -85,14 +85,13 @@ class Planner:
         return telemetry.starting == 0 and (self._last_up is None or now - self._last_up >= c.startup_s + c.interval_s)
 
     def _hysteresis(self, wanted: int, now: float) -> tuple[int, str]:
+        """Up at once; down to the most wanted within the last scale_down_delay_s, so a replica
+        leaves only once the load has wanted fewer for that long, and the fleet follows a falling
+        load with that lag (not in steps of a whole delay each)."""
+        self._wants.append((now, wanted))
+        while self._wants[0][0] < now - self.config.scale_down_delay_s:
+            self._wants.popleft()
         if wanted >= self.current:
-            self._low_since = None
             return wanted, "up" if wanted > self.current else "hold"
-        if self._low_since is None:
-            self._low_since, self._low_max = now, wanted
-        self._low_max = max(self._low_max, wanted)
-        if now - self._low_since >= self.config.scale_down_delay_s:
-            target = self._low_max
-            self._low_since = None
-            return target, "down"
-        return self.current, "hold"
+        target = min(max(w for _, w in self._wants), self.current)
+        return target, "down" if target < self.current else "hold"

@@ -72,14 +72,9 @@ class PlannerService:
         return decision
 
     def telemetry(self, replicas: ReplicaTelemetry) -> FleetTelemetry:
-        n, prompt = self._arrivals, self._prompt
         serving = sum(self.router.loads[r].healthy for r in self.active if r in self.router.loads)
-        telemetry = FleetTelemetry(
-            self.config.interval_s, n, prompt / n if n else 0.0, self._output / n if n else 0.0,
-            self._cached / prompt if prompt else 0.0, replicas.kv_usage, replicas.finished,
-            replicas.ttft_sum_s / replicas.finished if replicas.finished else None,
-            replicas.tpot_sum_s / replicas.tpot_count if replicas.tpot_count else None,
-            replicas.met / replicas.finished if replicas.finished else None, serving, len(self.active) - serving)
+        telemetry = FleetTelemetry.of(self.config.interval_s, self._arrivals, self._prompt, self._output, self._cached,
+                                      replicas, serving, len(self.active) - serving)
         self._arrivals = self._prompt = self._output = self._cached = 0
         return telemetry
 

@@ -63,7 +63,7 @@ def test_an_interval_sums_arrivals_and_the_replicas_answers():
     s = service(calls)
     for _ in range(3):
         s.on_routed(100, 20, 50)
-    answers = [ReplicaTelemetry(4, 3, 2.0, 0.4, 4, 0.5), ReplicaTelemetry(0, 0, 0.0, 0.0, 0, 0.1)]
+    answers = [ReplicaTelemetry(4, 3, 2.0, 0.4, 4, 0.5, ttft_count=4), ReplicaTelemetry(0, 0, 0.0, 0.0, 0, 0.1)]
     seen = s.telemetry(ReplicaTelemetry.total(answers))
     assert (seen.arrivals, seen.rate_rps, seen.prompt_tokens, seen.output_tokens, seen.cached_fraction) == \
         (3, 3.0, 100, 20, 0.5)

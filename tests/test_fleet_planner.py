@@ -15,6 +15,9 @@ from cluster.planner import Planner
 from cluster.planner_config import PlannerConfig
 from cluster.ray_default_scaler import RayDefaultConfig, RayDefaultScaler
 from cluster.replica_capacity import LatencyPoint, ReplicaCapacity
+from cluster.replica_telemetry import ReplicaTelemetry
+from engine.outputs import RequestRecord
+from engine.slo_class import SloClass
 
 # a replica that sustains 10 req/s of 1000-token prompts and 100-token outputs: 0.1 s of prefill
 # (1e-4 s a token) and 1.0 s of decode (1e-2 s a token) per request
@@ -73,21 +76,49 @@ def test_latency_factors_are_observed_over_profiled_at_the_observed_utilization(
     assert latency_factors(overloaded, CAPACITY, config) == (1.0, 1.0)
 
 
+def test_latencies_are_the_tightest_classs_so_a_batch_decode_is_not_a_slow_replica():
+    def record(cls: str, ttft: float, tpot: float, ttft_s: float, tbt_s: float) -> RequestRecord:
+        times = tuple(ttft + i * tpot for i in range(11))           # 11 tokens: 10 gaps of tpot
+        return RequestRecord(cls, 0.0, ttft, times[-1], times, 100, 11, 11, "stop", 0, cls, ttft_s, tbt_s)
+    interactive = [record("interactive", 0.5, 0.02, 2.0, 0.25), record("interactive", 1.5, 0.04, 2.0, 0.25)]
+    batch = [record("batch", 10.0, 1.0, 30.0, 2.0)]                # within its class, far slower
+    seen = ReplicaTelemetry.of(interactive + batch, SloClass(), 0.4)
+    assert (seen.finished, seen.met, seen.ttft_count, seen.tpot_count) == (3, 3, 2, 2)
+    assert (seen.ttft_mean_s, seen.tpot_mean_s) == pytest.approx((1.0, 0.03))
+    only_batch = ReplicaTelemetry.of(batch, SloClass(), 0.4)       # no tighter class finished: batch's own
+    assert (only_batch.ttft_mean_s, only_batch.tpot_mean_s) == pytest.approx((10.0, 1.0))
+    both = ReplicaTelemetry.total([seen, only_batch])             # a replica that finished only batch requests
+    assert (both.finished, both.ttft_count, both.attainment) == (4, 2, 1.0)
+    assert (both.ttft_mean_s, both.tpot_mean_s) == pytest.approx((1.0, 0.03))
+
+
 # -- the planner --
 def plan(planner: Planner, t: float, rate: float, **fields):
     return planner.decide(telemetry(rate, **fields), t)
 
 
-def test_scale_up_at_once_scale_down_after_the_delay_to_the_most_wanted_meanwhile():
+def test_scale_up_at_once_scale_down_to_the_most_wanted_within_the_delay():
     planner = Planner(PlannerConfig(min_replicas=1, max_replicas=5, interval_s=10, forecaster="last",
                                     headroom=0.0, scale_down_delay_s=30), CAPACITY)
     up = plan(planner, 10, 25)
     assert (up.target, up.reason) == (3, "up")
+    # t=40's window [10, 40] still holds t=10's 3
     assert [plan(planner, t, r).target for t, r in ((20, 5), (30, 15), (40, 5))] == [3, 3, 3]
-    down = plan(planner, 50, 5)                                # 30 s of wanting less since t=20
+    down = plan(planner, 50, 5)                                # window [20, 50]: wants 1, 2, 1, 1
     assert (down.target, down.reason, down.wanted) == (2, "down", 1)    # 2: what t=30 wanted
-    assert plan(planner, 60, 100).target == 5                  # bounded by max_replicas
-    assert (planner.decide(telemetry(100), 70).target, planner.decide(telemetry(100), 80).reason) == (5, "bounds")
+    assert plan(planner, 60, 5).target == 2                    # [30, 60] still holds t=30's 2
+    gone = plan(planner, 70, 5)                                # [40, 70]: wants 1 only
+    assert (gone.target, gone.reason, plan(planner, 80, 5).reason) == (1, "down", "hold")
+    assert plan(planner, 90, 100).target == 5                  # bounded by max_replicas
+    assert (planner.decide(telemetry(100), 100).target, planner.decide(telemetry(100), 110).reason) == (5, "bounds")
+
+
+def test_a_falling_load_steps_down_one_plan_at_a_time_a_delay_behind():
+    planner = Planner(PlannerConfig(min_replicas=1, max_replicas=8, interval_s=10, forecaster="last",
+                                    headroom=0.0, scale_down_delay_s=20), CAPACITY)
+    rates = [60, 50, 40, 30, 20, 10, 10, 10]                   # wants 6, 5, 4, 3, 2, 1, 1, 1
+    targets = [plan(planner, 10 * (i + 1), r).target for i, r in enumerate(rates)]
+    assert targets == [6, 6, 6, 5, 4, 3, 2, 1]                  # each want, two plans (20 s) later
 
 
 def test_a_missed_slo_adds_a_replica_beyond_what_the_forecast_asks():
