@@ -19,7 +19,8 @@ class PlannerConfig:
     forecaster: str = "holt"            # last | ewma | holt (level + trend, extrapolated over the horizon)
     alpha: float = 0.5                  # ewma/holt: weight of the newest interval's rate
     beta: float = 0.3                   # holt: weight of the newest change in level (the trend)
-    headroom: float = 0.2               # spare capacity kept above the forecast load (0.2: 20%)
+    headroom: float = 0.2               # spare capacity kept above the forecast load (0.2: 20%); below 0 the
+                                        # fleet runs each replica past one replica's profiled capacity (it pools queues)
     scale_down_delay_s: float = 120.0   # load must want fewer replicas this long before one leaves
     startup_s: float = 60.0             # a new replica's start-up (model load): the forecast looks this far ahead
     slo_target: float = 0.99            # attainment below this in an interval adds a replica
@@ -38,8 +39,10 @@ class PlannerConfig:
             raise ValueError(f"planner: forecaster must be one of {', '.join(FORECASTERS)}, got {self.forecaster!r}")
         if not (0 < self.alpha <= 1 and 0 <= self.beta <= 1):
             raise ValueError(f"planner: need 0 < alpha <= 1 and 0 <= beta <= 1, got {self.alpha} and {self.beta}")
-        if self.headroom < 0 or self.scale_down_delay_s < 0 or self.startup_s < 0:
-            raise ValueError("planner: headroom, scale_down_delay_s and startup_s must be >= 0")
+        if not self.headroom > -1:
+            raise ValueError(f"planner: headroom must be > -1, got {self.headroom}")
+        if self.scale_down_delay_s < 0 or self.startup_s < 0:
+            raise ValueError("planner: scale_down_delay_s and startup_s must be >= 0")
         if not 0 < self.slo_target <= 1:
             raise ValueError(f"planner: slo_target must be in (0, 1], got {self.slo_target}")
         if not 0 < self.correction_min <= 1 <= self.correction_max:

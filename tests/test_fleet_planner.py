@@ -52,6 +52,7 @@ def test_replicas_for_a_load_with_headroom():
     assert replicas_for(30, 10, 0.2) == 4                      # 3.6 -> 4
     assert replicas_for(20, 10, 0.0) == 2                      # exactly 2, not 3
     assert replicas_for(0, 10, 0.5) == 0
+    assert replicas_for(30, 10, -0.2) == 3                     # 2.4 -> 3: past one replica's capacity, pooled
 
 
 def test_a_mix_changes_what_a_replica_sustains_by_its_work():
@@ -178,7 +179,8 @@ def test_the_forecast_looks_ahead_over_the_start_up():
     ({"interval_s": 0}, "interval_s must be > 0"),
     ({"forecaster": "arima"}, "forecaster must be one of last, ewma, holt"),
     ({"alpha": 0}, "0 < alpha <= 1"),
-    ({"headroom": -0.1}, "headroom, scale_down_delay_s and startup_s must be >= 0"),
+    ({"headroom": -1.0}, "headroom must be > -1, got -1.0"),
+    ({"scale_down_delay_s": -1}, "scale_down_delay_s and startup_s must be >= 0"),
     ({"slo_target": 1.5}, "slo_target must be in (0, 1]"),
     ({"correction_min": 1.5}, "correction_min <= 1 <= correction_max"),
 ])
