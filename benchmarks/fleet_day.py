@@ -236,7 +236,8 @@ def _day_text(name: str, r: dict, run: dict) -> str:
 def following(r: dict) -> float:
     """Mean replicas of a fleet that follows the rate exactly: max(1, ceil(rate / one replica's
     capacity)) at every 5-s sample of the rate curve, no start-up, no headroom, no SLO misses
-    counted: a bound on what sizing from the profiled capacity can save."""
+    counted: a bound on what sizing at one replica's profiled capacity can save (a fleet that runs
+    its replicas past it, pooling their queues behind the router, can save more)."""
     cap, curve = r["capacity"]["rate_rps"], r["timeline"]["rate_curve"]
     return sum(max(1, math.ceil(v / cap - 1e-9)) for _, v in curve) / len(curve)
 
@@ -248,7 +249,7 @@ def _ceiling_text(r: dict) -> str:
     mean = following(r)
     return (f" A fleet following the rate exactly (ceil(rate / capacity) replicas at every 5-s sample, no "
             f"start-up or headroom) would average {mean:.2f} replicas: at the static fleet's goodput, "
-            f"{n / mean:.2f}x its goodput per replica-hour is the most such sizing could show.")
+            f"{n / mean:.2f}x its goodput per replica-hour is the most sizing at one replica's capacity could show.")
 
 
 def _fleet_rows(name: str, r: dict) -> list[str]:
