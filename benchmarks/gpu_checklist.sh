@@ -4,12 +4,12 @@
 # engine's telemetry beside torch's profiler, and calibration against the shipped H100 profile.
 # Each part has its own time limit, so one that hangs or fails leaves the others' results.
 #
-#   OUT=gpu-results bash benchmarks/gpu_checklist.sh [tests] [attention] [graphs] [eager] [profile] [chunks]
-#   (default: all six)
+#   OUT=gpu-results bash benchmarks/gpu_checklist.sh [tests] [attention] [graphs] [eager] [profile]
+#   (default: all five)
 #
 # Results: $OUT/{device.txt,tests.log,attention.log,step_graphs.{json,log},step_eager.{json,log},
-# profile_check.{json,log},chunks.{json,log}}; attention and chunks are the diagnostics of the Triton chunk bug
-# (benchmarks/gpu_attention_check.py, benchmarks/gpu_chunk_kernel_check.py).
+# profile_check.{json,log}}; attention.log: the backends against the CPU's fp32 reference inside the engine,
+# request by request (benchmarks/gpu_attention_check.py).
 # The machine needs torch with CUDA, triton, numpy, scipy, pyyaml, jinja2, prometheus-client, psutil,
 # nvidia-ml-py and gguf; wheels of anything missing may be put in .whl/ (installed to /tmp/site first).
 set -u
@@ -20,7 +20,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
-parts=${*:-tests attention graphs eager profile chunks}
+parts=${*:-tests attention graphs eager profile}
 STEP_ARGS="--model llama-3.1-8b --device cuda --dtype bf16 --batch-sizes 1 8 32 64 128 --chunk 512 2048
            --hardware-profile h100-llama3.1-8b --wait-idle 2"
 
@@ -34,7 +34,6 @@ for part in $parts; do
     tests)   timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE --tb=short tests/test_cuda_engine.py \
                  tests/test_triton_attention.py tests/test_device_sampler.py > "$OUT/tests.log" 2>&1 ;;
     attention) timeout 150 python3 benchmarks/gpu_attention_check.py > "$OUT/attention.log" 2>&1 ;;
-    chunks)  timeout 120 python3 benchmarks/gpu_chunk_kernel_check.py --json "$OUT/chunks.json" > "$OUT/chunks.log" 2>&1 ;;
     graphs)  timeout 120 python3 benchmarks/step_time.py $STEP_ARGS --torch-profile 5 \
                  --json "$OUT/step_graphs.json" > "$OUT/step_graphs.log" 2>&1 ;;
     eager)   timeout 80 python3 benchmarks/step_time.py $STEP_ARGS --no-cuda-graphs --steps 10 \

@@ -172,15 +172,3 @@ def test_decode_graph_inputs_on_padded_batches(tiny_hf):
         done |= {out.request_id: out.token_ids for out in engine.step() if out.finished}
     assert [done[i] for i in ids] == plain
     assert 3 in replays and r.decode_graphs.sizes == [1, 2, 4]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_later_chunks_on_torch(device, monkeypatch):
-    """Where the kernel takes first chunks only (a 16-bit cache on a GPU), chunks with cached context come from
-    the torch backend's prefill and decodes from the kernel: the whole step still matches torch."""
-    import engine.attention.triton_attention as triton_attention
-
-    monkeypatch.setattr(triton_attention, "later_chunks_on_torch", lambda k_cache: True)
-    rng = np.random.default_rng(7)
-    layout, n = make_layout([12, 0, 0, 21, 40], [1, 1, 11, 6, 9], 2, 4, rng)
-    check(layout, n, 16, device)

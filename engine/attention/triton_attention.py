@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from engine.kernels import triton_kernels
-from engine.attention.backends import HeadShape, PrefillChunk, TorchAttention, prefill_chunks, split_rotated
+from engine.attention.backends import HeadShape, split_rotated
 from engine.attention.batch_layout import BatchLayout
 
 
@@ -29,16 +29,6 @@ class TritonAttentionMetadata:
     num_prefills: int
     max_query_len: int            # longest prefill chunk (sizes the prefill grid)
     block_size: int
-    layout: BatchLayout | None = None   # the step's, for later_chunks (None: a decode graph's, no chunks)
-    # chunks with cached context for TorchAttention.prefill, made on the first layer that needs them
-    # (later_chunks_on_torch) and kept for the step's other layers
-    later: list[PrefillChunk] | None = None
-
-    def later_chunks(self, device: torch.device) -> list[PrefillChunk]:
-        if self.later is None:
-            chunks = prefill_chunks(self.layout, device) if self.layout is not None and self.num_prefills else []
-            self.later = [c for c in chunks if c.context_len]
-        return self.later
 
 
 class TritonAttention:
@@ -46,7 +36,6 @@ class TritonAttention:
 
     def __init__(self, scale: float) -> None:
         self.scale = scale
-        self.torch = TorchAttention(scale)   # for chunks with cached context on a GPU (later_chunks_on_torch)
 
     def prepare(self, layout: BatchLayout, device: torch.device) -> TritonAttentionMetadata:
         to = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)  # noqa: E731
@@ -62,7 +51,6 @@ class TritonAttention:
             num_prefills=layout.num_seqs - d,
             max_query_len=int(layout.query_lens[d:].max()) if layout.num_seqs > d else 0,
             block_size=layout.block_size,
-            layout=layout,
         )
 
     def attend_qkv(self, qkv, heads: HeadShape, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
@@ -75,24 +63,10 @@ class TritonAttention:
         d = meta.num_decodes
         triton_kernels.paged_decode(q[:d], out[:d], k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.block_size, self.scale)
-        on_torch = later_chunks_on_torch(k_cache)
         triton_kernels.varlen_prefill(q, out, k_cache, v_cache, meta.block_tables, meta.query_starts,
                                       meta.query_lens, meta.context_lens, d, meta.num_prefills,
-                                      meta.max_query_len, meta.block_size, self.scale, first_chunks_only=on_torch)
-        if on_torch:
-            for chunk in meta.later_chunks(q.device):
-                s, e = chunk.query_start, chunk.query_start + chunk.query_len
-                out[s:e] = self.torch.prefill(q[s:e], k[s:e], v[s:e], k_cache, v_cache, chunk)
+                                      meta.max_query_len, meta.block_size, self.scale)
         return out
-
-
-def later_chunks_on_torch(k_cache: torch.Tensor) -> bool:
-    """Chunks with cached context go to torch's gather + SDPA on a GPU with a 16-bit cache. There the prefill
-    kernel's tensor-core dots (bf16, or tf32 on upcast values) gave wrong logits for such chunks inside the
-    engine (relative error 0.60 against the CPU's fp32 reference, 0.02 for torch; H100, Triton 3.6), while
-    its fp32 dots were exact and first chunks and decodes were right (docs/gpu.md). Until that is found, the
-    kernel runs first chunks only there."""
-    return k_cache.is_cuda and k_cache.dtype != torch.float32
 
 
 def pad_block_tables(tables: list[np.ndarray]) -> np.ndarray:

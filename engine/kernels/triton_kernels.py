@@ -121,9 +121,8 @@ def _prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, 
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cs, stride_ch, stride_bt, qk_scale,
                     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr, NATIVE_DOT: tl.constexpr, FIRST_CHUNKS_ONLY: tl.constexpr):
-    """One program per (chunk, query head, tile of BLOCK_M query rows); keys come from the cache.
-    FIRST_CHUNKS_ONLY: chunks with cached context are left to the caller."""
+                    DOT_PRECISION: tl.constexpr, NATIVE_DOT: tl.constexpr):
+    """One program per (chunk, query head, tile of BLOCK_M query rows); keys come from the cache."""
     seq = first_seq + tl.program_id(0)
     head = tl.program_id(1)
     row_start = tl.program_id(2) * BLOCK_M
@@ -132,8 +131,6 @@ def _prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, 
         return
     query_start = tl.load(query_starts_ptr + seq)
     context_len = tl.load(context_lens_ptr + seq)
-    if FIRST_CHUNKS_ONLY and context_len > 0:
-        return
     kv_head = head // GROUP
 
     rows = row_start + tl.arange(0, BLOCK_M)
@@ -212,7 +209,7 @@ def paged_decode(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_ca
 def varlen_prefill(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    block_tables: torch.Tensor, query_starts: torch.Tensor, query_lens: torch.Tensor,
                    context_lens: torch.Tensor, first_seq: int, num_seqs: int, max_query_len: int,
-                   block_size: int, scale: float, first_chunks_only: bool = False) -> None:
+                   block_size: int, scale: float) -> None:
     """Chunks of sequences [first_seq, first_seq + num_seqs) of the flattened q/out [T, H, D].
 
     Their keys and values (context and chunk) must already be in the cache.
@@ -227,5 +224,4 @@ def varlen_prefill(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
         block_tables.stride(0), scale * LOG2E, GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
         BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N, BLOCK_D=_block_d(head_dim),
-        DOT_PRECISION=_dot_precision(k_cache.dtype), NATIVE_DOT=_native_dot(q, k_cache),
-        FIRST_CHUNKS_ONLY=first_chunks_only)
+        DOT_PRECISION=_dot_precision(k_cache.dtype), NATIVE_DOT=_native_dot(q, k_cache))
