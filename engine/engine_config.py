@@ -37,6 +37,10 @@ class EngineConfig:
     attention_backend: str = "auto"
     seed: int = 0                       # sampling of requests without their own seed; dummy weights
     enable_prefix_caching: bool = True  # reuse the KV of prompt prefixes already in the pool (prefix_cache.py)
+    # a model with sliding-window layers keeps its KV in pages per layer group, the sliding groups' pages given
+    # back as each request's window passes (kv_groups.py; vLLM's hybrid KV cache manager); False: every layer
+    # keeps every block, as a model without such layers
+    hybrid_kv_cache: bool = True
     # auto: a GGUF's quantized weights stay as stored and small steps run on them with the CPU kernels
     # (quantized_linear.py: decode streams 4.5-8.5 bits per weight, not fp32's 32), where they run fast
     # (AVX2, CPU device); dense: dequantize at load; quantized: as auto, or an error where it cannot.

@@ -20,6 +20,7 @@ from engine.engine_config import EngineConfig
 from engine.errors import InvalidRequestError, ModelLoadError
 from engine.model_runner import ModelRunner, StepTiming
 from engine.outputs import RequestOutput, RequestRecord, StepRecord
+from engine.kv_cache.kv_groups import KvGroups, window_shape
 from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
 from engine.scheduling.request import FinishReason, Request, RequestStatus
 from engine.sampling_params import SamplingParams
@@ -68,19 +69,23 @@ class LLMEngine:
         kv_dtype = config.kv_torch_dtype(dtype)
         on_gpu = config.device.startswith("cuda")
         sized_on_gpu = on_gpu and config.num_kv_blocks is None
+        # with sliding layers a block is a page of one layer group's lanes (kv_groups.py): num_kv_blocks (blocks of
+        # every layer) becomes as many pages as fill the same memory
+        groups = KvGroups.for_model(mc, config.block_size) if config.hybrid_kv_cache else None
+        pages_per_block = mc.num_layers // groups.lanes if groups else 1
         if sized_on_gpu:   # first a pool for the profiling step alone, then the one its measurement leaves room for
-            num_blocks = self._blocks_for(self._profile_tokens())
+            num_blocks = self._blocks_for(self._profile_tokens()) * pages_per_block
         else:
-            num_blocks = config.num_kv_blocks or self._blocks_for_memory(kv_dtype)
+            num_blocks = (config.num_kv_blocks or self._blocks_for_memory(kv_dtype)) * pages_per_block
         self.runner = ModelRunner(checkpoint, dtype, config.device, num_blocks, config.block_size,
-                                  self.max_model_len, config.attention_backend, config.seed, kv_dtype)
+                                  self.max_model_len, config.attention_backend, config.seed, kv_dtype, groups)
         del checkpoint
         release_freed_memory()
         if sized_on_gpu:
             num_blocks = self._size_gpu_pool()
         pool = PrefixCachingBlockManager if config.enable_prefix_caching else BlockManager
-        self.block_manager = pool(num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs)
+        self.block_manager = pool(num_blocks, config.block_size, self.runner.kv_groups)
+        self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs, shape=window_shape(mc))
         if on_gpu and config.cuda_graphs:
             self.runner.capture_decode_graphs(num_blocks)   # no step runs more sequences than there are blocks
         self.requests: dict[str, Request] = {}
@@ -94,6 +99,10 @@ class LLMEngine:
         log.info("engine ready: %s, %s, %d KV blocks of %d tokens in %s, max_model_len %d (the model's own: %d)",
                  mc.name, dtype, num_blocks, config.block_size, kv_dtype, self.max_model_len,
                  mc.max_position_embeddings)
+        if self.runner.kv_groups is not None:
+            g = self.runner.kv_groups
+            log.info("KV blocks are pages of %d layers: %d global and %d sliding layer groups; a sliding group "
+                     "gives its pages back as the %d-token window passes", g.lanes, g.num_full, g.num_sliding, g.window)
 
     def _profile_tokens(self) -> int:
         """The largest step the engine runs: a chunk of the top token budget, within one request's length."""
@@ -107,10 +116,16 @@ class LLMEngine:
         tokens = self._profile_tokens()
         # logits for as many rows as the configured max_num_seqs (as vLLM's profiling run)
         plan = plan_kv_pool(self.runner, self.config.gpu_memory_utilization, tokens,
-                            min(tokens, self.config.knobs.max_num_seqs), self._blocks_for(self.max_model_len))
+                            min(tokens, self.config.knobs.max_num_seqs),
+                            self._peak_blocks(self.max_model_len))
         log.info("GPU memory: %s", plan.describe())
         self.runner.allocate_kv_cache(plan.num_blocks)
         return plan.num_blocks
+
+    def _peak_blocks(self, num_tokens: int) -> int:
+        """Blocks (pages, with layer groups) one request of `num_tokens` holds at most."""
+        groups = self.runner.kv_groups
+        return groups.peak_pages(num_tokens, self.config.max_token_budget) if groups else self._blocks_for(num_tokens)
 
     def _blocks_for_memory(self, kv_dtype: torch.dtype) -> int:
         bytes_per_block = self.model_config.kv_bytes_per_token * kv_dtype.itemsize * self.config.block_size
@@ -168,7 +183,9 @@ class LLMEngine:
                 f"this model's maximum length is {self.max_model_len} tokens; the prompt has {len(ids)} "
                 f"and max_tokens asks for {params.max_tokens} more", "max_tokens" if len(ids) < self.max_model_len
                 else "prompt")
-        needed = self.block_manager.blocks_for(total)
+        # with sliding layers the peak depends on the chunks: those of the token budget now (a request admitted
+        # under a smaller one than a later tuner's fits the pool in smaller chunks)
+        needed = self.block_manager.peak_blocks(total, self.scheduler.latest_knobs.token_budget)
         if needed > self.block_manager.num_blocks:
             raise InvalidRequestError(f"the request needs {needed} KV blocks but the whole pool has "
                                       f"{self.block_manager.num_blocks}; lower max_tokens or the prompt", "max_tokens")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from engine.attention.backends import TorchAttention, make_attention_backend, prepare_step
+from engine.attention.backends import TorchAttention, make_attention_backend, prepare_grouped_step, prepare_step
 from engine.attention.batch_layout import BatchLayout
+from engine.kv_cache.kv_groups import KvGroups
 from engine.model.checkpoint import Checkpoint, fuse_projections, fuse_quantized
 from engine.model.cpu_decode import CpuDecodeLayers
 from engine.model.transformer import LlamaForCausalLM, local_rotary
@@ -44,7 +45,7 @@ class StepOutput:
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype, device: str, num_blocks: int,
                  block_size: int, max_model_len: int, attention_backend: str = "auto", seed: int = 0,
-                 kv_dtype: torch.dtype | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None, kv_groups: KvGroups | None = None) -> None:
         self.config = checkpoint.config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -53,6 +54,9 @@ class ModelRunner:
         self.model, self.quantized_path = build_model(checkpoint, dtype, self.device, max_model_len)
         c = self.config
         self.kv_dtype = kv_dtype or dtype
+        # sliding-window layers: the KV in pages per layer group, the sliding ones given back as windows pass
+        self.kv_groups = kv_groups
+        self.model.kv_layer_slots = self.kv_groups.layer_slots if self.kv_groups else None
         self.allocate_kv_cache(num_blocks)
         self.attention = make_attention_backend(attention_backend, c.attention_scale, self.device.type, dtype)
         if c.window is not None and not isinstance(self.attention, TorchAttention):
@@ -62,14 +66,43 @@ class ModelRunner:
         self.sampler = Sampler(seed, self.device)
         self.decode_graphs: DecodeGraphs | None = None
 
+    @property
+    def kv_lanes(self) -> int:
+        """Layers per block: all of them, or a layer group's (kv_groups.py)."""
+        return self.kv_groups.lanes if self.kv_groups else self.config.num_layers
+
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """A zeroed pool of `num_blocks` blocks, replacing any earlier one (freed first)."""
-        c = self.config
         self.kv_cache = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.kv_cache = torch.zeros(c.num_layers, 2, num_blocks * self.block_size, c.num_kv_heads, c.head_dim,
-                                    dtype=self.kv_dtype, device=self.device)
+        self.kv_cache = self._kv_tensor(num_blocks)
+
+    def _kv_tensor(self, num_blocks: int) -> torch.Tensor:
+        """[lanes, 2 (K, V), slots, kv_heads, head_dim]; a layer reads its lane (its index without groups)."""
+        c = self.config
+        return torch.zeros(self.kv_lanes, 2, num_blocks * self.block_size, c.num_kv_heads, c.head_dim,
+                           dtype=self.kv_dtype, device=self.device)
+
+    def _step_metadata(self, layout: BatchLayout, group_tables: list[list[list[int]]] | None = None):
+        """The attention metadata of a step laid out as `layout` (group 0's tables), and with layer groups
+        each group's from its tables (per group, per sequence; NULL pages never read, given slot 0)."""
+        if self.kv_groups is None:
+            return prepare_step(self.attention, layout, self.device, self.config.window)
+        layouts = [layout] + [replace(layout, block_tables=[np.maximum(np.asarray(t, dtype=np.int64), 0)
+                                                            for t in group]) for group in group_tables]
+        g = self.kv_groups
+        return prepare_grouped_step(self.attention, layouts, self.device,
+                                    [g.window if sliding else None for sliding in g.group_sliding])
+
+    def _own_pages(self, num_tokens: int) -> tuple[BatchLayout, list[list[list[int]]] | None, torch.Tensor]:
+        """One sequence of `num_tokens` from position 0 on pages of its own: its layout, group tables and KV."""
+        bs, groups = self.block_size, self.kv_groups
+        blocks = -(-num_tokens // bs)
+        layout = BatchLayout(num_decodes=0, query_lens=np.array([num_tokens]), context_lens=np.array([0]),
+                             block_tables=[np.arange(blocks)], block_size=bs)
+        tables = [[list(range(g * blocks, (g + 1) * blocks))] for g in range(1, groups.num_groups)] if groups else None
+        return layout, tables, self._kv_tensor(blocks * (groups.num_groups if groups else 1))
 
     def capture_decode_graphs(self, max_batch: int) -> None:
         """CUDA graphs for decode-only steps of up to `max_batch` sequences (decode_graphs.py), where the
@@ -88,13 +121,13 @@ class ModelRunner:
     def profile_step(self, num_tokens: int, num_sampled: int) -> None:
         """One prefill chunk of `num_tokens` (from position 0, into the pool's first blocks) with logits for
         its last `num_sampled` rows: the largest step the engine runs, for its activation peak."""
-        bs = self.block_size
-        layout = BatchLayout(num_decodes=0, query_lens=np.array([num_tokens]), context_lens=np.array([0]),
-                             block_tables=[np.arange(-(-num_tokens // bs))], block_size=bs)
+        layout, tables, _ = self._own_pages(num_tokens)
+        if tables:   # the pool's own pages, shared by the groups: only the memory peak counts here
+            tables = [[list(range(len(layout.block_tables[0])))] for _ in tables]
         to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
         self.model(to(np.zeros(num_tokens, dtype=np.int64)), to(layout.positions()),
                    to(np.arange(num_tokens - num_sampled, num_tokens)), self.attention, self.kv_cache,
-                   prepare_step(self.attention, layout, self.device, self.config.window))
+                   self._step_metadata(layout, tables))
 
     @property
     def weights(self) -> str:
@@ -132,7 +165,8 @@ class ModelRunner:
         layout, input_ids, sampling = self._prepare(scheduled)
         graphs = self.decode_graphs if self.decode_graphs is not None and self.decode_graphs.runs(layout) else None
         if graphs is None:
-            meta = prepare_step(self.attention, layout, self.device, self.config.window)
+            meta = self._step_metadata(layout, [list(t) for t in zip(*(s.request.group_tables for s in scheduled))]
+                                       if self.kv_groups else None)
             to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
             logits_indices = (layout.query_starts + layout.query_lens - 1)[sampling]
         t1 = time.perf_counter()
@@ -158,16 +192,12 @@ class ModelRunner:
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """fp32 logits at every position of one prompt in one forward pass (perplexity), on a KV cache of
         its own: the engine's pool, its blocks and its prefix cache are not touched."""
-        n, bs = len(token_ids), self.block_size
-        layout = BatchLayout(num_decodes=0, query_lens=np.array([n]), context_lens=np.array([0]),
-                             block_tables=[np.arange(-(-n // bs))], block_size=bs)
-        c = self.config
-        kv = torch.zeros(c.num_layers, 2, -(-n // bs) * bs, c.num_kv_heads, c.head_dim, dtype=self.dtype,
-                         device=self.device)
+        n = len(token_ids)
+        layout, tables, kv = self._own_pages(n)
         to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
         return self.model(to(np.asarray(token_ids, dtype=np.int64)), to(layout.positions()),
-                          to(np.arange(n, dtype=np.int64)), self.attention, kv,
-                          prepare_step(self.attention, layout, self.device, c.window)).cpu()
+                          to(np.arange(n, dtype=np.int64)), self.attention, kv.to(self.dtype),
+                          self._step_metadata(layout, tables)).cpu()
 
     def _prepare(self, scheduled: list[ScheduledRequest]) -> tuple[BatchLayout, np.ndarray, np.ndarray]:
         num_decodes = sum(1 for s in scheduled if s.is_decode)

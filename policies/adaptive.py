@@ -61,4 +61,7 @@ class AdaptivePolicy:
         if not knobs.new_token_ratio:
             return watermark
         future_tokens = sum(decode_tokens_left(s) for s in step.running)
-        return watermark + int(knobs.new_token_ratio * future_tokens) // view.block_size
+        # with sliding layers a block of future tokens costs a page per global group (past the window the
+        # sliding groups give one back for each they take)
+        pages_per_block = view.kv_groups.num_full if view.kv_groups else 1
+        return watermark + int(knobs.new_token_ratio * future_tokens) // view.block_size * pages_per_block

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from policies.knobs import Knobs
 from policies.plan import BatchPlan
 from policies.step_builder import StepBuilder
-from policies.step_shape import attended_pairs, context_tokens, samples
+from policies.step_shape import WindowedShape, samples, shape_functions
 from policies.view import SchedulerView, SequenceState, StepCost, remaining_tokens
 
 UNBOUNDED = math.inf
@@ -53,8 +53,9 @@ class StepTime:
     """The shape of the step planned so far (policies.step_shape summed, as the scheduler will),
     priced by the step-time model."""
 
-    def __init__(self, cost: StepCost) -> None:
+    def __init__(self, cost: StepCost, shape: WindowedShape | None = None) -> None:
         self.cost = cost
+        self.context_tokens, self.attended_pairs = shape_functions(shape)
         self.prefill = self.decode = self.sampled = self.context = self.pairs = self.seqs = 0
 
     def add_decodes(self, decodes: Sequence[SequenceState], now: float) -> float:
@@ -62,6 +63,7 @@ class StepTime:
         their last token; unbounded if none has a token yet). One pass: every decode, every step."""
         context = pairs = 0
         slack = UNBOUNDED
+        context_tokens, attended_pairs = self.context_tokens, self.attended_pairs
         for seq in decodes:
             c = seq.num_computed_tokens
             context += context_tokens(1, c)
@@ -85,15 +87,15 @@ class StepTime:
         """The step's predicted time if `seq` also gets an `n`-token prefill chunk."""
         c = seq.num_computed_tokens
         return self.cost.predict_counts(self.prefill + n, self.decode, self.sampled + samples(n, c, seq.num_tokens),
-                                        self.context + context_tokens(n, c), self.pairs + attended_pairs(n, c),
-                                        self.seqs + 1)
+                                        self.context + self.context_tokens(n, c),
+                                        self.pairs + self.attended_pairs(n, c), self.seqs + 1)
 
     def add_chunk(self, seq: SequenceState, n: int) -> None:
         c = seq.num_computed_tokens
         self.prefill += n
         self.sampled += samples(n, c, seq.num_tokens)
-        self.context += context_tokens(n, c)
-        self.pairs += attended_pairs(n, c)
+        self.context += self.context_tokens(n, c)
+        self.pairs += self.attended_pairs(n, c)
         self.seqs += 1
 
     def largest_chunk(self, seq: SequenceState, limit: int, target: float) -> int:
@@ -135,7 +137,7 @@ class DeadlinePolicy:
     def plan(self, view: SchedulerView, knobs: Knobs) -> BatchPlan:
         step = StepBuilder(view, knobs)
         decodes = step.schedule_decodes()
-        time = StepTime(view.cost) if view.cost else None
+        time = StepTime(view.cost, view.step_shape) if view.cost else None
         target = UNBOUNDED
         if time:
             # each decode's own step-time target is headroom x its TBT slack; the step fits the smallest

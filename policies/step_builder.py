@@ -66,8 +66,13 @@ class StepBuilder:
         if num_tokens <= 0 or request_id in self._preempted:
             return False
         # view.blocks_needed(seq, had_tokens + num_tokens), inlined: this runs for every request every step
-        block_size = self.view.block_size
-        blocks = max(0, -(-(computed + had_tokens + num_tokens) // block_size) - seq.num_blocks) - had_blocks
+        groups = self.view.kv_groups
+        if groups is None:
+            block_size = self.view.block_size
+            blocks = max(0, -(-(computed + had_tokens + num_tokens) // block_size) - seq.num_blocks) - had_blocks
+        else:
+            end = computed + had_tokens + num_tokens
+            blocks = max(0, groups.pages_for(computed, end) - seq.num_blocks) - had_blocks
         while blocks > self.free_blocks:
             # the victim is always the most recently admitted request; when that is `seq` itself,
             # it yields its own KV, so older requests always make progress
@@ -128,8 +133,12 @@ class StepBuilder:
         """schedule(seq, 1) for a request new to this step, cut short for decodes (every running
         request, every step); False, taking nothing, where its block needs a preemption (schedule()
         then takes the full path)."""
-        block_size = self.view.block_size
-        blocks = max(0, (computed + block_size) // block_size - seq.num_blocks)
+        groups = self.view.kv_groups
+        if groups is None:
+            block_size = self.view.block_size
+            blocks = max(0, (computed + block_size) // block_size - seq.num_blocks)
+        else:
+            blocks = max(0, groups.pages_for(computed, computed + 1) - seq.num_blocks)
         if blocks > self.free_blocks:
             return False
         self.free_blocks -= blocks
@@ -172,7 +181,7 @@ class StepBuilder:
         admitting on its first chunk's blocks alone let a recomputed request be re-admitted, refill
         the pool and be preempted again before its prefill ended, a thrash that never finished."""
         need = remaining_tokens(seq)
-        if self.view.blocks_needed(seq, need) > self.free_blocks:
+        if self.view.blocks_to_hold(seq, need, self.knobs.token_budget) > self.free_blocks:
             return 0
         if need <= self.tokens_left:
             return need

@@ -9,6 +9,8 @@ ints: the scheduler calls them for every request every step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def context_tokens(n: int, c: int) -> int:
     """Tokens the request's attention reads from the KV cache: its context and its new tokens."""
@@ -19,6 +21,30 @@ def attended_pairs(n: int, c: int) -> int:
     """(query, key) pairs its attention computes: new token i (1..n) sees the context and the chunk
     up to itself, c + i keys. A decode's pairs are its context read: attended_pairs(1, c) == c + 1."""
     return n * c + n * (n + 1) // 2
+
+
+@dataclass(frozen=True)
+class WindowedShape:
+    """A model whose `share` of layers attend to the `window` keys up to each query (Gemma 3's sliding
+    layers): their reads and pairs stop at the window, the rest as above. The step's figures are the
+    layer-weighted mean, so a cost model's per-token and per-pair terms keep their meaning."""
+
+    window: int
+    share: float
+
+    def context_tokens(self, n: int, c: int) -> int:
+        full = c + n
+        return round((1 - self.share) * full + self.share * min(full, self.window - 1 + n))
+
+    def attended_pairs(self, n: int, c: int) -> int:
+        within = max(0, min(n, self.window - c))    # queries c + i <= window see c + i keys, the rest window
+        windowed = within * c + within * (within + 1) // 2 + (n - within) * self.window
+        return round((1 - self.share) * attended_pairs(n, c) + self.share * windowed)
+
+
+def shape_functions(shape: WindowedShape | None):
+    """(context_tokens, attended_pairs) for a model of this shape (None: every layer attends to all)."""
+    return (shape.context_tokens, shape.attended_pairs) if shape else (context_tokens, attended_pairs)
 
 
 def samples(n: int, c: int, num_tokens: int) -> bool:

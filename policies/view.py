@@ -6,7 +6,10 @@ import math
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from policies.step_shape import WindowedShape
 
 
 class SequenceState(Protocol):
@@ -36,6 +39,15 @@ class SequenceState(Protocol):
     def last_token_time(self) -> float | None: ...
     @property
     def spare_long_gaps(self) -> int: ...        # long gaps its own TBT percentile can still absorb
+
+
+class KvPages(Protocol):
+    """A pool of pages per layer group (engine.kv_cache.kv_groups.KvGroups has it), for a model whose
+    sliding-window layers give their pages back as each request's window passes."""
+
+    num_full: int                                # global layer groups: a page per block of every token
+
+    def pages_for(self, computed: int, end: int) -> int: ...   # pages held computing tokens [computed, end)
 
 
 class StepCost(Protocol):
@@ -82,11 +94,27 @@ class SchedulerView:
     arrival_guard_s: float = math.inf   # the longest step an arrival of the tightest SLO class can wait out
     # with prefix caching, blocks a request shares stay held when it is preempted: the blocks it alone holds
     exclusive_blocks: Callable[[SequenceState], int] | None = None
+    # a model with sliding-window layers: blocks are pages of layer groups, the sliding ones given back as
+    # each request's window passes (engine/kv_cache/kv_groups.py)
+    kv_groups: KvPages | None = None
+    step_shape: WindowedShape | None = None   # sliding-window layers: what a step attends to (step_shape.py)
 
     def blocks_needed(self, seq: SequenceState, num_new_tokens: int) -> int:
         """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens."""
-        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        computed = seq.num_computed_tokens
+        if self.kv_groups is not None:
+            return max(0, self.kv_groups.pages_for(computed, computed + num_new_tokens) - seq.num_blocks)
+        total = -(-(computed + num_new_tokens) // self.block_size)
         return max(0, total - seq.num_blocks)
+
+    def blocks_to_hold(self, seq: SequenceState, num_new_tokens: int, chunk: int) -> int:
+        """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens, computed in chunks of at most
+        `chunk`: blocks_needed, except that with sliding-window layers the pages held peak at the last chunk
+        (the windows have given back what came before it)."""
+        if self.kv_groups is None:
+            return self.blocks_needed(seq, num_new_tokens)
+        end = seq.num_computed_tokens + num_new_tokens
+        return max(0, self.kv_groups.pages_for(max(seq.num_computed_tokens, end - chunk), end) - seq.num_blocks)
 
     def blocks_freed_by_preempting(self, seq: SequenceState) -> int:
         if self.exclusive_blocks is None:

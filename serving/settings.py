@@ -79,6 +79,9 @@ class Settings:
                                   "take at run time (the warm-up is sized for it)")
     prefix_caching: bool = owned(EngineConfig, "enable_prefix_caching", "reuse the KV blocks of prompt prefixes "
                                  "already in the pool")
+    hybrid_kv_cache: bool = owned(EngineConfig, "hybrid_kv_cache", "a model with sliding-window layers (Gemma 3) "
+                                  "gives their KV pages back as each request's window passes; false: every layer "
+                                  "keeps every block")
     policy: str = owned(EngineConfig, "policy", "scheduling policy (`autotuned-serve policies` lists them); "
                         "deadline sizes each step to the running requests' TBT slack", tuple(POLICIES))
     knobs: dict[str, Any] = setting("knob values overriding their defaults (`autotuned-serve policies` lists each "
@@ -114,7 +117,8 @@ class Settings:
                             gpu_memory_utilization=self.gpu_memory_utilization, cuda_graphs=self.cuda_graphs,
                             kv_cache_dtype=self.kv_cache_dtype,
                             max_model_len=self.max_model_len, policy=self.policy, knobs=self.knob_values(),
-                            max_token_budget=self.max_token_budget, enable_prefix_caching=self.prefix_caching)
+                            max_token_budget=self.max_token_budget, enable_prefix_caching=self.prefix_caching,
+                            hybrid_kv_cache=self.hybrid_kv_cache)
 
     def knob_values(self) -> Knobs:
         try:

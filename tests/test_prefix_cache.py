@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.kv_cache.block_manager import OutOfBlocksError
+from engine.kv_cache.kv_groups import NULL_PAGE, KvGroups
 from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
 from engine.scheduling.request import FinishReason, Request, RequestStatus
 from engine.sampling_params import SamplingParams
@@ -153,19 +154,24 @@ def check_pool(pool: PrefixCachingBlockManager, sched: Scheduler) -> None:
     pool.check()
     refs: dict[int, int] = {}
     for r in sched.running:
-        for block in r.block_table:
+        for block in (b for table in (r.block_table, *r.group_tables) for b in table if b != NULL_PAGE):
             refs[block] = refs.get(block, 0) + 1
+        assert r.group_pages == sum(b != NULL_PAGE for t in r.group_tables for b in t)
     assert all(pool._ref_counts[b] == n for b, n in refs.items()), "a reference count differs from its holders"
     assert len(refs) + pool.num_free_blocks == pool.num_blocks, "a block is neither held nor free"
-    assert all(not r.block_table for r in sched.waiting)
+    assert all(not r.block_table and not r.group_tables for r in sched.waiting)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(actions=ACTIONS, policy=st.sampled_from(list(POLICIES)), block_size=st.integers(1, 4),
-       spare=st.integers(0, 6), budget=st.integers(1, 32))
-def test_no_block_leaks_under_random_arrivals_aborts_and_preemptions(actions, policy, block_size, spare, budget):
-    num_blocks = -(-(24 + 6) // block_size) + spare      # the largest request fits alone, little more
-    pool = PrefixCachingBlockManager(num_blocks, block_size)
+       spare=st.integers(0, 6), budget=st.integers(1, 32), window=st.sampled_from([None, 1, 3, 8]))
+def test_no_block_leaks_under_random_arrivals_aborts_and_preemptions(actions, policy, block_size, spare, budget,
+                                                                     window):
+    """With `window`, pages of a global group and two sliding ones (kv_groups.py), the sliding given back."""
+    groups = KvGroups.of([False, True, True], window, block_size) if window else None
+    largest = groups.peak_pages(24 + 6, budget) if groups else -(-(24 + 6) // block_size)
+    num_blocks = largest + spare      # the largest request fits alone, little more
+    pool = PrefixCachingBlockManager(num_blocks, block_size, groups)
     sched = Scheduler(pool, policy, Knobs(token_budget=budget, max_num_seqs=8))
     live: list[Request] = []
     for i, action in enumerate(actions):
@@ -191,8 +197,14 @@ def test_no_block_leaks_under_random_arrivals_aborts_and_preemptions(actions, po
 
 def step(sched: Scheduler, live: list[Request]) -> None:
     result = sched.schedule()
+    groups, block_size = sched.blocks.groups, sched.blocks.block_size
     for s in result.scheduled:       # every block of the step's KV is its own or a computed, cached prefix
-        assert len(s.request.block_table) * sched.blocks.block_size >= s.context_len + s.num_tokens
+        end = -(-(s.context_len + s.num_tokens) // block_size)
+        assert len(s.request.block_table) >= end
+        if groups:                   # and every block the step's windows read is held in each group
+            first = max(0, s.context_len - groups.window + 1) // block_size   # the first key this step reads
+            for table, sliding in zip(s.request.group_tables, groups.group_sliding[1:]):
+                assert len(table) >= end and NULL_PAGE not in table[first if sliding else 0:end]
     sched.commit(result)
     for s in result.scheduled:
         if s.samples:

@@ -80,6 +80,9 @@ class TorchAttentionMetadata:
     # the sliding-window layers' metadata (prepare_step): this object itself where no query's window
     # leaves out a key; None where the model has no sliding layers
     sliding: TorchAttentionMetadata | None = None
+    # with KV pages per layer group (engine/kv_cache/kv_groups.py, prepare_grouped_step): each group's
+    # metadata, this object first
+    groups: list[TorchAttentionMetadata] | None = None
 
 
 class TorchAttention:
@@ -216,6 +219,16 @@ def prepare_step(backend: AttentionBackend, layout: BatchLayout, device: torch.d
         longest = int(layout.seq_lens.max()) if layout.num_seqs else 0
         meta.sliding = meta if longest <= window else backend.prepare(layout, device, window)
     return meta
+
+
+def prepare_grouped_step(backend: AttentionBackend, layouts: list[BatchLayout], device: torch.device,
+                         windows: list[int | None]) -> Any:
+    """A step's attention metadata where the KV is in pages per layer group (engine/kv_cache/kv_groups.py): one
+    per group, from the group's own block tables (`layouts`, group 0's first) and window (None: a global
+    group); meta.groups lists them."""
+    metas = [backend.prepare(layout, device, window) for layout, window in zip(layouts, windows)]
+    metas[0].groups = metas
+    return metas[0]
 
 
 def _grouped_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.kv_cache.block_manager import BlockManager, OutOfBlocksError
+from engine.kv_cache.kv_groups import NULL_PAGE, KvGroups
 
 if TYPE_CHECKING:
     from engine.scheduling.request import Request
@@ -47,6 +48,7 @@ class PrefixState:
 
     keys: list[bytes] = field(default_factory=list)   # chained keys of its first full blocks, computed as needed
     hits: list[int] = field(default_factory=list)     # waiting: cached blocks of its prefix at the last probe
+    group_hits: list[list[int]] = field(default_factory=list)   # ... in layer groups 1.. (sliding: the window's)
     held_hits: int = 0          # waiting: how many of those other requests hold (they cost no free block)
     version: int = -1           # the pool version `hits` was probed at
     registered: int = 0         # running: leading blocks of its table already cached (or duplicates)
@@ -54,7 +56,7 @@ class PrefixState:
 
     def forget_blocks(self) -> None:
         """Its blocks were freed (preempted, finished): probe again from scratch."""
-        self.hits, self.held_hits, self.version, self.registered = [], 0, -1, 0
+        self.hits, self.group_hits, self.held_hits, self.version, self.registered = [], [], 0, -1, 0
 
 
 @dataclass
@@ -70,8 +72,8 @@ class CacheStats:
 class PrefixCachingBlockManager(BlockManager):
     caching = True
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        super().__init__(num_blocks, block_size)
+    def __init__(self, num_blocks: int, block_size: int, groups: KvGroups | None = None) -> None:
+        super().__init__(num_blocks, block_size, groups)
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))   # type: ignore[assignment]
         self._key_of: list[bytes | None] = [None] * num_blocks
         self._by_key: dict[bytes, int] = {}
@@ -108,9 +110,10 @@ class PrefixCachingBlockManager(BlockManager):
                 else:
                     self.version += 1
 
-    def exclusive_blocks(self, block_table: list[int]) -> int:
+    def exclusive_blocks(self, request: Request) -> int:
         counts = self._ref_counts
-        return sum(1 for block in block_table if counts[block] == 1)
+        tables = [request.block_table, *request.group_tables]
+        return sum(1 for table in tables for block in table if block != NULL_PAGE and counts[block] == 1)
 
     def _evict(self, block: int) -> None:
         del self._by_key[self._key_of[block]]
@@ -134,21 +137,45 @@ class PrefixCachingBlockManager(BlockManager):
             if block is None:
                 break
             hits.append(block)
+        group_hits: list[list[int]] = []
+        if self.groups is not None:
+            hits, group_hits = self._group_hits(request, hits)
         counts = self._ref_counts
-        state.hits = hits
-        state.held_hits = sum(1 for block in hits if counts[block] > 0)
+        state.hits, state.group_hits = hits, group_hits
+        state.held_hits = sum(1 for table in (hits, *group_hits) for block in table
+                              if block != NULL_PAGE and counts[block] > 0)
         request.num_computed_tokens = len(hits) * self.block_size
+
+    def _group_hits(self, request: Request, hits: list[int]) -> tuple[list[int], list[list[int]]]:
+        """The longest prefix of `hits` (group 0's) whose blocks every other group has cached too: a global
+        group all of them, a sliding group those of the window the next query reads. Returns group 0's hits
+        and, per other group, its hit pages (a sliding group's from its first kept block on)."""
+        groups, by_key = self.groups, self._by_key
+        found = [[by_key.get(self._key(request, i) + bytes([g])) for i in range(len(hits))]
+                 for g in range(1, groups.num_groups)]
+        for n in range(len(hits), 0, -1):
+            first = groups.first_kept_block(n * self.block_size)
+            tables = [column[first if sliding else 0:n]
+                      for column, sliding in zip(found, groups.group_sliding[1:])]
+            if all(None not in table for table in tables):
+                return hits[:n], [t if not s else [NULL_PAGE] * first + t
+                                  for t, s in zip(tables, groups.group_sliding[1:])]
+        return [], []
 
     def acquire(self, request: Request) -> None:
         """On admission: take the probed blocks. The step that admits a request evicts nothing
         before this, so the probe still holds."""
         state, counts, free = request.cache, self._ref_counts, self._free
-        for block in state.hits:
+        for block in (b for table in (state.hits, *state.group_hits) for b in table if b != NULL_PAGE):
             if counts[block] == 0:
                 del free[block]
                 self.version += 1
             counts[block] += 1
         request.block_table = list(state.hits)
+        if state.group_hits:
+            request.group_tables = [list(t) for t in state.group_hits]
+            request.group_pages = sum(1 for t in state.group_hits for b in t if b != NULL_PAGE)
+            request.slid_blocks = self.groups.first_kept_block(len(state.hits) * self.block_size)
         num_cached = len(state.hits) * self.block_size
         if request.num_computed_tokens != num_cached:
             raise RuntimeError(f"request {request.request_id} admitted with a stale prefix probe")
@@ -156,7 +183,7 @@ class PrefixCachingBlockManager(BlockManager):
             state.cached_tokens = num_cached
             self.stats.queries += request.num_tokens
             self.stats.hits += num_cached
-        state.registered, state.hits, state.held_hits = len(state.hits), [], 0
+        state.registered, state.hits, state.group_hits, state.held_hits = len(state.hits), [], [], 0
 
     def register(self, request: Request) -> None:
         """After a step: the request's newly computed full blocks become findable. A block whose
@@ -165,13 +192,17 @@ class PrefixCachingBlockManager(BlockManager):
         full = request.num_computed_tokens // self.block_size
         if full <= state.registered or not request.cacheable:
             return
-        by_key, key_of, table = self._by_key, self._key_of, request.block_table
+        by_key, key_of = self._by_key, self._key_of
+        tables = [request.block_table, *request.group_tables]
         for i in range(state.registered, full):
-            key = self._key(request, i)
-            if key not in by_key:
-                by_key[key] = table[i]
-                key_of[table[i]] = key
-                self.version += 1
+            base = self._key(request, i)
+            for g, table in enumerate(tables):
+                key = base + bytes([g]) if g else base   # group 0's keys as without groups
+                page = table[i]
+                if page != NULL_PAGE and key not in by_key:
+                    by_key[key] = page
+                    key_of[page] = key
+                    self.version += 1
         state.registered = full
 
     def _key(self, request: Request, i: int) -> bytes:

@@ -145,12 +145,14 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.decode_layers: CpuDecodeLayers | None = None   # set by the loader where the C layer applies
+        # with KV pages per layer group (engine/kv_cache/kv_groups.py): each layer's (group, lane); set by the runner
+        self.kv_layer_slots: tuple[tuple[int, int], ...] | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor,
                 backend: AttentionBackend, kv_cache: torch.Tensor, meta: Any) -> torch.Tensor:
         """One step over all scheduled tokens; returns float32 logits only at `logits_indices`.
 
-        kv_cache: [layers, 2, slots, kv_heads, head_dim].
+        kv_cache: [layers, 2, slots, kv_heads, head_dim], or [lanes, ...] with layer groups (layer_kv).
         """
         if self.config.family == "gemma3":
             return self._gemma_forward(input_ids, positions, logits_indices, backend, kv_cache, meta)
@@ -164,12 +166,21 @@ class LlamaForCausalLM(nn.Module):
             return self.lm_head(x[logits_indices]).float()
         for i, layer in enumerate(layers):
             h, x = layer.post_attention_layernorm.add_norm(
-                h, layer.self_attn(x, cos, sin, backend, kv_cache[i, 0], kv_cache[i, 1], meta))
+                h, layer.self_attn(x, cos, sin, backend, *self.layer_kv(i, kv_cache, meta, False)))
             if i + 1 < len(layers):
                 h, x = layers[i + 1].input_layernorm.add_norm(h, layer.mlp(x))
             else:
                 h = h + layer.mlp(x)
         return self.lm_head(m.norm(h[logits_indices])).float()
+
+    def layer_kv(self, i: int, kv_cache: torch.Tensor, meta: Any,
+                 sliding: bool) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Layer i's K and V caches and attention metadata: its lane of the pages and its group's metadata with
+        layer groups, else its own slice and the step's (windowed for a sliding layer) metadata."""
+        if self.kv_layer_slots is not None:
+            group, lane = self.kv_layer_slots[i]
+            return kv_cache[lane, 0], kv_cache[lane, 1], meta.groups[group]
+        return kv_cache[i, 0], kv_cache[i, 1], meta.sliding if sliding else meta
 
     def _gemma_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor,
                        backend: AttentionBackend, kv_cache: torch.Tensor, meta: Any) -> torch.Tensor:
@@ -185,8 +196,7 @@ class LlamaForCausalLM(nn.Module):
         for i, layer in enumerate(layers):
             attn = layer.self_attn
             sliding = attn.sliding
-            out = attn(x, *(local if sliding else rope), backend, kv_cache[i, 0], kv_cache[i, 1],
-                       meta.sliding if sliding else meta)
+            out = attn(x, *(local if sliding else rope), backend, *self.layer_kv(i, kv_cache, meta, sliding))
             h, x = layer.pre_feedforward_layernorm.add_norm(h, layer.post_attention_layernorm(out))
             out = layer.post_feedforward_layernorm(layer.mlp(x))
             if i + 1 < len(layers):

@@ -45,6 +45,11 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    # a model with sliding-window layers (engine/kv_cache/kv_groups.py): the tables of layer groups 1.., position
+    # by position, sliding groups' entries before slid_blocks given back (NULL_PAGE); group_pages: pages held there
+    group_tables: list[list[int]] = field(default_factory=list)
+    group_pages: int = 0
+    slid_blocks: int = 0
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
@@ -80,9 +85,9 @@ class Request:
 
     @property
     def num_blocks(self) -> int:
-        """Blocks it holds; a waiting request counts the cached blocks of its prefix that other
-        requests hold (admitting it takes no free block for them)."""
-        return len(self.block_table) + self.cache.held_hits
+        """Blocks (pages, in every layer group) it holds; a waiting request counts the cached blocks of its
+        prefix that other requests hold (admitting it takes no free block for them)."""
+        return len(self.block_table) + self.group_pages + self.cache.held_hits
 
     @property
     def num_output_tokens(self) -> int:

@@ -21,7 +21,7 @@ from engine.scheduling.error_budget import ErrorBudget
 from engine.scheduling.request import FinishReason, Request, RequestStatus
 from policies import DEFAULT_POLICY, BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
-from policies.step_shape import attended_pairs, context_tokens, samples
+from policies.step_shape import WindowedShape, samples, shape_functions
 from policies.view import StepCost, is_decode_work
 
 
@@ -69,12 +69,13 @@ class ScheduleResult:
 
     @staticmethod
     def of(scheduled: list[ScheduledRequest], num_preempted: int, knobs: Knobs, policy: str,
-           cache: CacheStep | None = None) -> ScheduleResult:
+           cache: CacheStep | None = None, shape: WindowedShape | None = None) -> ScheduleResult:
         """Orders `scheduled` in place, decodes first (stable), and sums what the step computes
         (policies.step_shape per request). One pass, `num_tokens` read off the fields: it runs for
         every request every step."""
         decodes, others = [], []
         tokens = context = pairs = sampled = 0
+        context_tokens, attended_pairs = shape_functions(shape)
         for s in scheduled:
             n, c, request = s.num_tokens, s.context_len, s.request
             num_prompt = request.num_prompt_tokens
@@ -90,8 +91,9 @@ class ScheduleResult:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, policy: str = DEFAULT_POLICY, knobs: Knobs | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, shape: WindowedShape | None = None) -> None:
         self.blocks = block_manager
+        self.shape = shape              # a model with sliding-window layers: what its steps attend to (step_shape.py)
         self.clock = clock              # the simulator passes its virtual clock
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -156,8 +158,7 @@ class Scheduler:
         request.timings.finished = self.clock()
 
     def _release(self, request: Request) -> None:
-        self.blocks.free(request.block_table)
-        request.block_table = []
+        self.blocks.release(request)
         request.num_computed_tokens = 0
         request.cache.forget_blocks()
 
@@ -171,7 +172,8 @@ class Scheduler:
             before = self._probe_waiting()
         view = SchedulerView(self.running, self.waiting, self.blocks.num_free_blocks, self.blocks.num_blocks,
                              self.blocks.block_size, now, self.num_steps, self.cost, tolerated, long,
-                             self.arrival_guard_s, self._exclusive_blocks if caching else None)
+                             self.arrival_guard_s, self._exclusive_blocks if caching else None,
+                             self.blocks.groups, self.shape)
         self.num_steps += 1
         plan = self.policy.plan(view, self.knobs)
         self._check(plan)
@@ -179,18 +181,18 @@ class Scheduler:
         self._preempt([by_id[i] for i in plan.preempted])
         self._admit([by_id[i] for i in plan.admitted])
         scheduled = []
-        grow, block_size = self.blocks.grow, self.blocks.block_size
+        grow, block_size = self.blocks.grow_request, self.blocks.block_size
         for request_id, num_tokens in plan.scheduled:
             request = by_id[request_id]
             context = request.num_computed_tokens
             if context + num_tokens > len(request.block_table) * block_size:   # most steps need no block:
-                grow(request.block_table, context + num_tokens)                # skip the call (every request, every step)
+                grow(request, context + num_tokens)                            # skip the call (every request, every step)
             scheduled.append(ScheduledRequest(request, num_tokens, context))
         cache = self._cache_step(before) if caching else None
-        return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name, cache)
+        return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name, cache, self.shape)
 
     def _exclusive_blocks(self, request: Request) -> int:
-        return self.blocks.exclusive_blocks(request.block_table)
+        return self.blocks.exclusive_blocks(request)
 
     def _probe_waiting(self) -> CacheStep:
         """Each waiting request's cached prefix counts as computed before the policy plans; returns
@@ -244,3 +246,7 @@ class Scheduler:
             register = self.blocks.register
             for s in result.scheduled:
                 register(s.request)
+        if self.blocks.groups is not None:   # after registering: a block the window passed stays cached, unheld
+            slide = self.blocks.slide
+            for s in result.scheduled:
+                slide(s.request)
