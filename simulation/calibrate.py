@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from simulation.cost_model import CostModel, StepShape, fit_cost_model
+from simulation.cost_model import CostModel, StepShape, fit_cost_model, window_fields
 from engine.llm_engine import LLMEngine
 from simulation.machine import machine_fingerprint
 from engine.outputs import StepRecord
@@ -251,7 +251,9 @@ def engine_meta(engine: LLMEngine) -> dict[str, object]:
     return {"model": engine.model_config.name, "dtype": str(engine.runner.dtype).removeprefix("torch."),
             "device": device, "fingerprint": machine_fingerprint(device),
             "kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_manager.block_size,
-            "weights": engine.runner.weights, "kernel_max_rows": engine.runner.quantized_max_rows}
+            "weights": engine.runner.weights, "kernel_max_rows": engine.runner.quantized_max_rows,
+            **window_fields(engine)}
+
 
 
 def default_cost_model_path(state_dir: str | Path, model: str, dtype: str, device: str,

@@ -27,13 +27,19 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import nnls
 
 from engine.kv_cache.block_manager import BLOCK_SIZE
+from engine.kv_cache.kv_groups import KvGroups
 from engine.outputs import StepRecord
 from engine.scheduling.scheduler import ScheduleResult
+from policies.step_shape import WindowedShape
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +92,11 @@ class CostModel:
     holdout_mape: float | None = None        # on steps kept out of the fit
     num_samples: int = 0
     notes: dict[str, str] = field(default_factory=dict)
+    # a model with sliding-window layers: which layers slide and over how many keys, and whether the calibrated
+    # engine kept its KV in pages per layer group (kv_blocks then counts pages); the simulator does the same
+    layer_sliding: tuple[bool, ...] = ()
+    window: int | None = None
+    kv_pages: bool = False
 
     def predict(self, shape: StepShape) -> float:
         return self.predict_counts(shape.num_prefill_tokens, shape.num_decode_tokens, shape.num_sampled,
@@ -121,6 +132,16 @@ class CostModel:
         actual = np.asarray(seconds)
         return float(np.mean(np.abs(predicted - actual) / actual))
 
+    def kv_groups(self) -> KvGroups | None:
+        """The calibrated engine's KV pages per layer group, for the simulator's pool (None: blocks of every layer)."""
+        return KvGroups.of(list(self.layer_sliding), self.window, self.block_size) if self.kv_pages else None
+
+    def step_shape(self) -> WindowedShape | None:
+        """What the model's steps attend to, where some layers attend to a window (policies/step_shape.py)."""
+        if self.window is None or not any(self.layer_sliding):
+            return None
+        return WindowedShape(self.window, sum(self.layer_sliding) / len(self.layer_sliding))
+
     # -- persistence: one JSON file per model/dtype/device --
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -137,12 +158,23 @@ class CostModel:
                 raise ValueError("it was fitted with other features; run `autotuned-serve calibrate` again")
             data["coefficients"] = tuple(data["coefficients"])
             data["kernel_coefficients"] = tuple(data.get("kernel_coefficients", ()))
+            data["layer_sliding"] = tuple(data.get("layer_sliding", ()))
             model = CostModel(**data)
             if model.kernel_max_rows and len(model.kernel_coefficients) != len(FEATURES):
                 raise ValueError(f"kernel_max_rows {model.kernel_max_rows} without {len(FEATURES)} kernel coefficients")
             return model
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"cannot read cost model {path}: {e}") from e
+
+
+def window_fields(engine: LLMEngine) -> dict[str, object]:
+    """CostModel's fields on sliding-window layers for `engine`: which layers slide, over how many keys, and
+    whether its KV is in pages per layer group (the defaults for a model without such layers)."""
+    mc = engine.model_config
+    if mc.window is None:
+        return {"layer_sliding": (), "window": None, "kv_pages": False}
+    return {"layer_sliding": tuple(mc.is_sliding(i) for i in range(mc.num_layers)), "window": mc.window,
+            "kv_pages": engine.runner.kv_groups is not None}
 
 
 def fit_cost_model(shapes: list[StepShape], seconds: list[float], holdout_fraction: float = 0.0,

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from simulation.cost_model import CostModel, StepShape
+from simulation.cost_model import CostModel, StepShape, window_fields
 from engine.llm_engine import LLMEngine
 from engine.outputs import StepRecord
 
@@ -50,7 +50,8 @@ class LiveCostModel:
         not the one the calibration ran with."""
         self._engine = engine
         blocks = engine.block_manager
-        self.base = replace(self.base, kv_blocks=blocks.num_blocks, block_size=blocks.block_size)
+        self.base = replace(self.base, kv_blocks=blocks.num_blocks, block_size=blocks.block_size,
+                            **window_fields(engine))   # and its layers' windows and pages, where it has any
         engine.scheduler.cost = self.current(DEADLINE_QUANTILE)
         engine.step_listeners.append(self.on_step)
         return self

@@ -48,10 +48,16 @@ class Simulator:
                  prefix_caching: bool = True) -> None:
         self.cost = cost
         self.slo_classes = slo_classes or shipped_slo_classes()
-        self.coast = coast    # replay pure-decode stretches without asking the policy (same result, faster)
+        # a cost model of an engine with sliding-window layers (CostModel.kv_groups, step_shape): the same pool of
+        # pages per layer group and step shapes, and decode stretches run step by step (coasting assumes every
+        # layer reads one more key and holds one more block per token)
+        groups = cost.kv_groups() if isinstance(cost, CostModel) else None
+        shape = cost.step_shape() if isinstance(cost, CostModel) else None
+        # replay pure-decode stretches without asking the policy (same result, faster)
+        self.coast = coast and groups is None and shape is None
         self.now = 0.0
-        self.blocks = (PrefixCachingBlockManager if prefix_caching else BlockManager)(num_blocks, block_size)
-        self.scheduler = Scheduler(self.blocks, policy, knobs, clock=lambda: self.now)
+        self.blocks = (PrefixCachingBlockManager if prefix_caching else BlockManager)(num_blocks, block_size, groups)
+        self.scheduler = Scheduler(self.blocks, policy, knobs, clock=lambda: self.now, shape=shape)
         self.scheduler.cost = cost      # the deadline policy prices steps with the model that times them
         self.scheduler.arrival_guard_s = self.slo_classes.arrival_guard_s()
         self.step_listeners: list[Callable[[StepRecord], None]] = []

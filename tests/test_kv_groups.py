@@ -83,3 +83,30 @@ def test_a_windowed_step_shape_counts_the_keys_its_sliding_layers_read():
     assert half.context_tokens(4, 2) == 6 and half.attended_pairs(4, 2) == attended_pairs(4, 2)   # inside it
     # a 10-token first chunk: queries 1..8 see 1..8 keys, 9 and 10 see 8 each
     assert half.attended_pairs(10, 0) == round(0.5 * 55 + 0.5 * (36 + 16))
+
+
+def test_the_simulator_of_a_windowed_engine_runs_on_its_pages_and_shapes(tmp_path):
+    """A cost model of an engine with sliding layers records them (simulation.cost_model.window_fields) and
+    survives its file; the simulator then pools pages per layer group, prices windowed step shapes and
+    steps through decodes (no coasting), and gives every page back."""
+    from loadgen.workload import RequestSpec
+    from simulation.calibrate import engine_meta
+    from simulation.cost_model import FEATURES, CostModel
+    from simulation.simulator import Simulator
+
+    save_hf_model(tmp_path, "gemma3", **GEMMA3)
+    engine = make_engine(str(tmp_path), num_kv_blocks=32, block_size=4)
+    meta = engine_meta(engine)
+    assert meta["layer_sliding"] == (True,) * 5 + (False,) and meta["window"] == 8 and meta["kv_pages"]
+    cost = CostModel.load(CostModel((0.01,) + (0.0,) * (len(FEATURES) - 1), **meta).save(tmp_path / "m.json"))
+    sim = Simulator(cost, cost.kv_blocks, cost.block_size)
+    assert sim.blocks.groups == engine.runner.kv_groups and not sim.coast
+    steps = []
+    sim.step_listeners.append(steps.append)
+    sim.submit([RequestSpec(0.0, 40, 30, None), RequestSpec(0.0, 30, 30, None)])
+    sim.run()
+    assert sim.done and sim.blocks.num_free_blocks == sim.blocks.num_blocks
+    last = steps[-1]            # the last decodes, at contexts 68 and 58: 69 and 59 keys in 1 layer of 6, 8 in 5
+    assert last.num_decode_tokens == 2 and last.context_tokens == round(69 / 6 + 40 / 6) + round(59 / 6 + 40 / 6)
+    plain = CostModel.load(CostModel((0.01,) + (0.0,) * 6, kv_blocks=32, block_size=4).save(tmp_path / "p.json"))
+    assert plain.kv_groups() is None and plain.step_shape() is None and Simulator(plain, 32, 4).coast

@@ -241,7 +241,8 @@ def test_live_cost_model_keeps_the_schedulers_copy_to_the_live_speed():
 
     base = CostModel.load(SHIPPED_COST_MODEL)
     engine = SimpleNamespace(scheduler=SimpleNamespace(cost=None), step_listeners=[],
-                             block_manager=SimpleNamespace(num_blocks=base.kv_blocks * 3, block_size=32))
+                             block_manager=SimpleNamespace(num_blocks=base.kv_blocks * 3, block_size=32),
+                             model_config=SimpleNamespace(window=None))
     live = LiveCostModel(base).attach(engine)
     assert engine.scheduler.cost.coefficients == base.coefficients
     assert (live.current().kv_blocks, live.current().block_size) == (base.kv_blocks * 3, 32)   # the engine's pool
@@ -288,7 +289,8 @@ def test_the_scheduler_prices_deadlines_at_the_upper_tail_of_live_step_times():
 
     base = CostModel.load(SHIPPED_COST_MODEL)
     engine = SimpleNamespace(scheduler=SimpleNamespace(cost=None), step_listeners=[],
-                             block_manager=SimpleNamespace(num_blocks=base.kv_blocks, block_size=base.block_size))
+                             block_manager=SimpleNamespace(num_blocks=base.kv_blocks, block_size=base.block_size),
+                             model_config=SimpleNamespace(window=None))
     live = LiveCostModel(base).attach(engine)
     shape = StepShape(32, 4, 5, 2000, 3000, 5)
     factors = np.linspace(0.8, 1.6, max(MIN_LIVE_STEPS, REFRESH_EVERY_STEPS) + 1)
