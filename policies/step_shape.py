@@ -32,6 +32,13 @@ class WindowedShape:
     window: int
     share: float
 
+    @staticmethod
+    def of(layer_sliding: list[bool], window: int | None) -> WindowedShape | None:
+        """The shape of a model whose layers slide where True (None: none does, or no window)."""
+        if window is None or not any(layer_sliding):
+            return None
+        return WindowedShape(window, sum(layer_sliding) / len(layer_sliding))
+
     def context_tokens(self, n: int, c: int) -> int:
         full = c + n
         return round((1 - self.share) * full + self.share * min(full, self.window - 1 + n))

@@ -138,9 +138,7 @@ class CostModel:
 
     def step_shape(self) -> WindowedShape | None:
         """What the model's steps attend to, where some layers attend to a window (policies/step_shape.py)."""
-        if self.window is None or not any(self.layer_sliding):
-            return None
-        return WindowedShape(self.window, sum(self.layer_sliding) / len(self.layer_sliding))
+        return WindowedShape.of(list(self.layer_sliding), self.window)
 
     # -- persistence: one JSON file per model/dtype/device --
     def save(self, path: str | Path) -> Path:

@@ -30,10 +30,7 @@ NULL_PAGE = -1      # a sliding group's entry whose page went back to the pool
 
 def window_shape(config: ModelConfig) -> WindowedShape | None:
     """What a step of this model attends to, where some of its layers attend to a window only."""
-    if config.window is None:
-        return None
-    sliding = sum(config.is_sliding(i) for i in range(config.num_layers))
-    return WindowedShape(config.window, sliding / config.num_layers)
+    return WindowedShape.of([config.is_sliding(i) for i in range(config.num_layers)], config.window)
 
 
 @dataclass(frozen=True)
