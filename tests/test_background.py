@@ -157,7 +157,8 @@ def test_the_daemon_runs_its_warm_start_and_samples_in_the_background(tmp_path, 
     settings = ControllerSettings.load(background=background, background_cpu_share=0.3)
     tuner = TunerService(str(tmp_path), SLO_, CollectorRegistry(), 512, settings)
     engine = SimpleNamespace(step_listeners=[], scheduler=SimpleNamespace(latest_knobs=Knobs()),
-                             block_manager=SimpleNamespace(num_blocks=728, block_size=16))
+                             block_manager=SimpleNamespace(num_blocks=728, block_size=16),
+                             model_config=SimpleNamespace(window=None))
     tuner.start(engine, TelemetryWindow(SLO_))
     try:
         tuner.controller.warm_start.runner(job(1))

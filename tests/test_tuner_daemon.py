@@ -260,7 +260,8 @@ def test_a_failing_warm_start_is_counted_on_metrics_and_in_status(tmp_path, monk
     registry = CollectorRegistry()
     tuner = TunerService(str(tmp_path), SLO_, registry, 512, ControllerSettings.load(background=True))
     engine = SimpleNamespace(step_listeners=[], scheduler=SimpleNamespace(latest_knobs=Knobs()),
-                             block_manager=SimpleNamespace(num_blocks=728, block_size=16))
+                             block_manager=SimpleNamespace(num_blocks=728, block_size=16),
+                             model_config=SimpleNamespace(window=None))
     tuner.start(engine, TelemetryWindow(SLO_))
     tuner.stop()                         # the controller is driven here, not by its thread (it saw no traffic)
     assert not tuner.status()["running"]

@@ -43,7 +43,8 @@ def storage_failures(registry: CollectorRegistry) -> float:
 def stub_engine():
     """What TunerService.start reads of an engine when no traffic comes."""
     return SimpleNamespace(step_listeners=[], scheduler=SimpleNamespace(latest_knobs=Knobs()),
-                           block_manager=SimpleNamespace(num_blocks=728, block_size=16))
+                           block_manager=SimpleNamespace(num_blocks=728, block_size=16),
+                           model_config=SimpleNamespace(window=None))
 
 
 def test_a_corrupt_storage_leaves_the_daemon_serving_and_says_why_once(tiny_hf, tmp_path, capsys):
