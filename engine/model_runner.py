@@ -78,11 +78,11 @@ class ModelRunner:
             torch.cuda.empty_cache()
         self.kv_cache = self._kv_tensor(num_blocks)
 
-    def _kv_tensor(self, num_blocks: int) -> torch.Tensor:
+    def _kv_tensor(self, num_blocks: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         """[lanes, 2 (K, V), slots, kv_heads, head_dim]; a layer reads its lane (its index without groups)."""
         c = self.config
         return torch.zeros(self.kv_lanes, 2, num_blocks * self.block_size, c.num_kv_heads, c.head_dim,
-                           dtype=self.kv_dtype, device=self.device)
+                           dtype=dtype or self.kv_dtype, device=self.device)
 
     def _step_metadata(self, layout: BatchLayout, group_tables: list[list[list[int]]] | None = None):
         """The attention metadata of a step laid out as `layout` (group 0's tables), and with layer groups
@@ -95,14 +95,17 @@ class ModelRunner:
         return prepare_grouped_step(self.attention, layouts, self.device,
                                     [g.window if sliding else None for sliding in g.group_sliding])
 
-    def _own_pages(self, num_tokens: int) -> tuple[BatchLayout, list[list[list[int]]] | None, torch.Tensor]:
-        """One sequence of `num_tokens` from position 0 on pages of its own: its layout, group tables and KV."""
+    def _one_sequence(self, num_tokens: int, shared: bool = False) -> tuple[BatchLayout, list[list[list[int]]] | None]:
+        """One sequence of `num_tokens` from position 0 on the first pages: its layout and, with layer groups,
+        the other groups' tables (each on pages of its own, or with `shared` on group 0's)."""
         bs, groups = self.block_size, self.kv_groups
         blocks = -(-num_tokens // bs)
         layout = BatchLayout(num_decodes=0, query_lens=np.array([num_tokens]), context_lens=np.array([0]),
                              block_tables=[np.arange(blocks)], block_size=bs)
-        tables = [[list(range(g * blocks, (g + 1) * blocks))] for g in range(1, groups.num_groups)] if groups else None
-        return layout, tables, self._kv_tensor(blocks * (groups.num_groups if groups else 1))
+        if groups is None:
+            return layout, None
+        first = (lambda g: 0) if shared else (lambda g: g * blocks)
+        return layout, [[list(range(first(g), first(g) + blocks))] for g in range(1, groups.num_groups)]
 
     def capture_decode_graphs(self, max_batch: int) -> None:
         """CUDA graphs for decode-only steps of up to `max_batch` sequences (decode_graphs.py), where the
@@ -121,9 +124,7 @@ class ModelRunner:
     def profile_step(self, num_tokens: int, num_sampled: int) -> None:
         """One prefill chunk of `num_tokens` (from position 0, into the pool's first blocks) with logits for
         its last `num_sampled` rows: the largest step the engine runs, for its activation peak."""
-        layout, tables, _ = self._own_pages(num_tokens)
-        if tables:   # the pool's own pages, shared by the groups: only the memory peak counts here
-            tables = [[list(range(len(layout.block_tables[0])))] for _ in tables]
+        layout, tables = self._one_sequence(num_tokens, shared=True)   # only the memory peak counts here
         to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
         self.model(to(np.zeros(num_tokens, dtype=np.int64)), to(layout.positions()),
                    to(np.arange(num_tokens - num_sampled, num_tokens)), self.attention, self.kv_cache,
@@ -193,10 +194,11 @@ class ModelRunner:
         """fp32 logits at every position of one prompt in one forward pass (perplexity), on a KV cache of
         its own: the engine's pool, its blocks and its prefix cache are not touched."""
         n = len(token_ids)
-        layout, tables, kv = self._own_pages(n)
+        layout, tables = self._one_sequence(n)
+        pages = len(layout.block_tables[0]) * (1 + len(tables or ()))
         to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
         return self.model(to(np.asarray(token_ids, dtype=np.int64)), to(layout.positions()),
-                          to(np.arange(n, dtype=np.int64)), self.attention, kv.to(self.dtype),
+                          to(np.arange(n, dtype=np.int64)), self.attention, self._kv_tensor(pages, self.dtype),
                           self._step_metadata(layout, tables)).cpu()
 
     def _prepare(self, scheduled: list[ScheduledRequest]) -> tuple[BatchLayout, np.ndarray, np.ndarray]:
