@@ -16,6 +16,7 @@ from engine.attention.batch_layout import BatchLayout
 from engine.kv_cache.kv_groups import KvGroups
 from engine.model.checkpoint import Checkpoint, fuse_projections, fuse_quantized
 from engine.model.cpu_decode import CpuDecodeLayers
+from engine.attention.rope import RotaryEmbedding
 from engine.model.transformer import LlamaForCausalLM, local_rotary
 from engine.kernels.quantized_linear import (QuantizedEmbedding, QuantizedLinear, QuantizedPath, QuantizedTensor, QuantKernels,
                                      load_kernels, measure_crossover)
@@ -221,8 +222,10 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device
     """Build on the meta device (no wasted init), then take the checkpoint's tensors as parameters; modules
     whose weights the checkpoint keeps quantized become QuantizedLinear / QuantizedEmbedding, sharing
     the returned path (None when every weight is dense)."""
+    rotary = RotaryEmbedding(checkpoint.config, max_positions).to(device)
+    local = local_rotary(checkpoint.config, max_positions)
     with torch.device("meta"):
-        model = LlamaForCausalLM(checkpoint.config, max_positions)
+        model = LlamaForCausalLM(checkpoint.config, rotary, local.to(device) if local is not None else None)
     gemma = checkpoint.config.family == "gemma3"
     # Gemma's norm weights (1 + w) stay fp32: transformers scales by 1 + w in fp32, whatever the model's dtype
     state = {k: v.to(device=device, dtype=torch.float32 if gemma and k.endswith("norm.weight") else dtype)
@@ -234,9 +237,6 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device
     model.load_state_dict(state, strict=True, assign=True)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.rotary = type(model.model.rotary)(checkpoint.config, max_positions).to(device)
-    local = local_rotary(checkpoint.config, max_positions)
-    model.model.rotary_local = local.to(device) if local is not None else None
     if path is not None and device.type == "cpu":
         model.decode_layers = CpuDecodeLayers.build(model)
     return model.eval(), path

@@ -117,14 +117,16 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, max_positions: int) -> None:
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, rotary_local: RotaryEmbedding | None) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # no random init: the weights come from the checkpoint, and normal_ on the meta device (build_model)
+        # imports torch._dynamo, ~140 MB resident for the process's life
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config, max_positions)
-        self.rotary_local = local_rotary(config, max_positions)
+        self.rotary, self.rotary_local = rotary, rotary_local
 
 
 def local_rotary(config: ModelConfig, max_positions: int) -> RotaryEmbedding | None:
@@ -137,10 +139,13 @@ def local_rotary(config: ModelConfig, max_positions: int) -> RotaryEmbedding | N
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, max_positions: int) -> None:
+    """rotary, rotary_local: the RoPE tables (local_rotary), made on the model's device by the caller, who
+    builds the rest on the meta device, where computing them would import torch._dynamo (as normal_ would)."""
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, rotary_local: RotaryEmbedding | None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, max_positions)
+        self.model = LlamaModel(config, rotary, rotary_local)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
