@@ -83,6 +83,11 @@ class ModelConfig:
         return bool(self.layer_types) and self.layer_types[layer] == SLIDING
 
     @property
+    def layer_sliding(self) -> tuple[bool, ...]:
+        """Per layer, whether it attends to a window only."""
+        return tuple(self.is_sliding(i) for i in range(self.num_layers))
+
+    @property
     def window(self) -> int | None:
         """The sliding layers' window where the model has any, else None."""
         return self.sliding_window if SLIDING in self.layer_types else None

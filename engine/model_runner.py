@@ -13,10 +13,10 @@ import torch
 
 from engine.attention.backends import TorchAttention, make_attention_backend, prepare_grouped_step, prepare_step
 from engine.attention.batch_layout import BatchLayout
+from engine.attention.rope import RotaryEmbedding
 from engine.kv_cache.kv_groups import KvGroups
 from engine.model.checkpoint import Checkpoint, fuse_projections, fuse_quantized
 from engine.model.cpu_decode import CpuDecodeLayers
-from engine.attention.rope import RotaryEmbedding
 from engine.model.transformer import LlamaForCausalLM, local_rotary
 from engine.kernels.quantized_linear import (QuantizedEmbedding, QuantizedLinear, QuantizedPath, QuantizedTensor, QuantKernels,
                                      load_kernels, measure_crossover)

@@ -9,6 +9,7 @@ ints: the scheduler calls them for every request every step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -33,7 +34,7 @@ class WindowedShape:
     share: float
 
     @staticmethod
-    def of(layer_sliding: list[bool], window: int | None) -> WindowedShape | None:
+    def of(layer_sliding: Sequence[bool], window: int | None) -> WindowedShape | None:
         """The shape of a model whose layers slide where True (None: none does, or no window)."""
         if window is None or not any(layer_sliding):
             return None

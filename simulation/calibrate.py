@@ -255,7 +255,6 @@ def engine_meta(engine: LLMEngine) -> dict[str, object]:
             **window_fields(engine)}
 
 
-
 def default_cost_model_path(state_dir: str | Path, model: str, dtype: str, device: str,
                             weights: str = "dense") -> Path:
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in model.lower())

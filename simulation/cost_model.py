@@ -134,11 +134,11 @@ class CostModel:
 
     def kv_groups(self) -> KvGroups | None:
         """The calibrated engine's KV pages per layer group, for the simulator's pool (None: blocks of every layer)."""
-        return KvGroups.of(list(self.layer_sliding), self.window, self.block_size) if self.kv_pages else None
+        return KvGroups.of(self.layer_sliding, self.window, self.block_size) if self.kv_pages else None
 
     def step_shape(self) -> WindowedShape | None:
         """What the model's steps attend to, where some layers attend to a window (policies/step_shape.py)."""
-        return WindowedShape.of(list(self.layer_sliding), self.window)
+        return WindowedShape.of(self.layer_sliding, self.window)
 
     # -- persistence: one JSON file per model/dtype/device --
     def save(self, path: str | Path) -> Path:
@@ -171,7 +171,7 @@ def window_fields(engine: LLMEngine) -> dict[str, object]:
     mc = engine.model_config
     if mc.window is None:
         return {"layer_sliding": (), "window": None, "kv_pages": False}
-    return {"layer_sliding": tuple(mc.is_sliding(i) for i in range(mc.num_layers)), "window": mc.window,
+    return {"layer_sliding": mc.layer_sliding, "window": mc.window,
             "kv_pages": engine.runner.kv_groups is not None}
 
 

@@ -17,6 +17,7 @@ pages = blocks, as before.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ NULL_PAGE = -1      # a sliding group's entry whose page went back to the pool
 
 def window_shape(config: ModelConfig) -> WindowedShape | None:
     """What a step of this model attends to, where some of its layers attend to a window only."""
-    return WindowedShape.of([config.is_sliding(i) for i in range(config.num_layers)], config.window)
+    return WindowedShape.of(config.layer_sliding, config.window)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class KvGroups:
     block_size: int
 
     @staticmethod
-    def of(layer_sliding: list[bool], window: int | None, block_size: int) -> KvGroups | None:
+    def of(layer_sliding: Sequence[bool], window: int | None, block_size: int) -> KvGroups | None:
         """The grouping for these layers (True: sliding); None without sliding layers."""
         sliding = [i for i, s in enumerate(layer_sliding) if s]
         full = [i for i, s in enumerate(layer_sliding) if not s]
@@ -62,7 +63,7 @@ class KvGroups:
 
     @staticmethod
     def for_model(config: ModelConfig, block_size: int) -> KvGroups | None:
-        return KvGroups.of([config.is_sliding(i) for i in range(config.num_layers)], config.window, block_size)
+        return KvGroups.of(config.layer_sliding, config.window, block_size)
 
     @property
     def num_groups(self) -> int:
