@@ -35,8 +35,10 @@ the policy is Sarathi's under the budget, in deadline order.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
+from operator import attrgetter
 
 from policies.knobs import Knobs
 from policies.plan import BatchPlan
@@ -47,6 +49,7 @@ from policies.view import SchedulerView, SequenceState, StepCost, remaining_toke
 UNBOUNDED = math.inf
 MIN_PACED_CHUNK = 32   # paced prefill never takes smaller chunks: below this a step is mostly its decodes
 PACE_PROBE = 64        # prefill tokens over which the per-token cost of a chunk is read off the model
+BY_DEADLINE = attrgetter("ttft_deadline")
 
 
 class StepTime:
@@ -121,10 +124,15 @@ class StepTime:
         return down if (self.with_chunk(seq, down) - base) / down <= (self.with_chunk(seq, n) - base) / n else n
 
 
-def candidates_of(step: StepBuilder, view: SchedulerView) -> list[tuple[SequenceState, bool]]:
-    """Prompts part-way through their prefill and waiting ones (flagged True), earliest TTFT deadline first."""
-    return sorted([(s, False) for s in step.partial_prefills()] + [(s, True) for s in view.waiting],
-                  key=lambda c: c[0].ttft_deadline)
+def candidates_of(step: StepBuilder, view: SchedulerView) -> tuple[list[SequenceState], set[int]]:
+    """Prompts part-way through their prefill and waiting ones, earliest TTFT deadline first (on a
+    tie, partial ones first); and the ids of the partial ones. The queue is sorted with a C-level
+    key and the few partial prompts inserted: an overloaded queue holds thousands, every step."""
+    partial = step.partial_prefills()
+    ordered = sorted(view.waiting, key=BY_DEADLINE)
+    for seq in sorted(partial, key=BY_DEADLINE, reverse=True):   # reversed: ties keep their order
+        bisect.insort_left(ordered, seq, key=BY_DEADLINE)
+    return ordered, {id(seq) for seq in partial}
 
 
 class DeadlinePolicy:
@@ -148,14 +156,15 @@ class DeadlinePolicy:
     def _prefills(self, step: StepBuilder, view: SchedulerView, knobs: Knobs, time: StepTime | None,
                   target: float, decodes: list[SequenceState]) -> None:
         floor = round(knobs.prefill_priority * knobs.token_budget)
-        candidates = candidates_of(step, view)
+        candidates, partial = candidates_of(step, view)
         paced = self._paced_tokens(time, candidates, view.now, knobs.ttft_pace) \
             if time and knobs.ttft_pace > 0 else UNBOUNDED
         spendable = math.floor(knobs.error_budget * view.tolerated_long_gaps) - view.long_gaps
         cap = knobs.long_prefill_token_threshold or knobs.token_budget
         keep = int(knobs.kv_admission_watermark * view.total_blocks) if step.running else 0
-        num_partial, prefilled = sum(not waiting for _, waiting in candidates), 0
-        for seq, waiting in candidates:
+        num_partial, prefilled = len(partial), 0
+        for seq in candidates:
+            waiting = id(seq) not in partial
             if waiting and num_partial >= knobs.max_partial_prefills:
                 return
             need = remaining_tokens(seq)
@@ -183,7 +192,7 @@ class DeadlinePolicy:
                 return       # the step is as long as the budget paid for; nothing more rides on it
 
     @staticmethod
-    def _paced_tokens(time: StepTime, candidates: list[tuple[SequenceState, bool]], now: float,
+    def _paced_tokens(time: StepTime, candidates: list[SequenceState], now: float,
                       pace: float) -> float:
         """Prefill tokens this step needs for the queue to keep `pace` x the earliest-deadline-first
         rate its deadlines need: the largest (prompt tokens due by a deadline) / (time to it). A step
@@ -193,13 +202,13 @@ class DeadlinePolicy:
         if not candidates:
             return 0
         due, rate = 0, 0.0
-        for seq, _ in candidates:
+        for seq in candidates:
             due += remaining_tokens(seq)
             left = seq.ttft_deadline - now
             if left <= 0:
                 return UNBOUNDED
             rate = max(rate, due / left)
-        base, first = time.seconds(), candidates[0][0]
+        base, first = time.seconds(), candidates[0]
         per_token = max(time.with_chunk(first, PACE_PROBE) - base, 0.0) / PACE_PROBE
         r = pace * rate
         if r * per_token >= 1:

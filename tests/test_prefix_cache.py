@@ -160,6 +160,37 @@ def check_pool(pool: PrefixCachingBlockManager, sched: Scheduler) -> None:
     assert all(pool._ref_counts[b] == n for b, n in refs.items()), "a reference count differs from its holders"
     assert len(refs) + pool.num_free_blocks == pool.num_blocks, "a block is neither held nor free"
     assert all(not r.block_table and not r.group_tables for r in sched.waiting)
+    check_kept_probes(pool, sched)
+
+
+def check_kept_probes(pool: PrefixCachingBlockManager, sched: Scheduler) -> None:
+    """A waiting request's probe is kept until a key it looked at changes: each kept answer is
+    the one a probe from scratch gives now, and only waiting requests watch keys."""
+    waiting = {id(r.cache) for r in sched.waiting}
+    assert all(id(state) in waiting for states in pool._watchers.values() for state in states)
+    for r in sched.waiting:
+        if r.cache.stale:
+            continue
+        kept = (r.cache.hits, r.cache.group_hits, r.cache.held_hits, r.num_computed_tokens)
+        r.cache.stale = True
+        pool.probe(r)
+        assert (r.cache.hits, r.cache.group_hits, r.cache.held_hits, r.num_computed_tokens) == kept
+
+
+def test_a_kept_probe_counts_a_block_taken_by_another_admission_as_held():
+    """Two waiting requests find the same cached, unheld blocks; admitting one takes them, so the
+    other's kept probe must count them as held (they cost it no free block any more)."""
+    pool = PrefixCachingBlockManager(32, 4)
+    sched = Scheduler(pool, "sarathi", Knobs(token_budget=64, max_num_seqs=1))
+    run_to_end(sched, [request("p", list(range(10, 19)))])          # 2 full blocks cached, then freed
+    first, second = request("a", list(range(10, 18)) + [1, 2]), request("b", list(range(10, 18)) + [3, 4])
+    sched.add(first)
+    sched.add(second)
+    step(sched, [first, second])
+    assert first.status is RequestStatus.RUNNING and second.status is RequestStatus.WAITING
+    check_kept_probes(pool, sched)    # probed before `first` took the blocks, and told that it did
+    pool.probe(second)
+    assert second.cache.hits and second.cache.held_hits == 2
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

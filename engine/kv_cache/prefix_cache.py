@@ -8,6 +8,9 @@ collision with another's blocks (vLLM's CVE-2025-25183).
 
 A waiting request is probed each step (no reference taken): its leading full blocks found in the
 pool count as computed, so policies and the cost model see only the uncached tokens as prefill.
+A probe's answer is kept until one of the keys it looked at changes (cached, evicted, taken from
+or given back to the free queue): an overloaded server's queue of thousands, all sharing a system
+prompt, would otherwise walk that prompt's blocks once per request every step.
 Admission takes references on them; blocks become findable once computed (at commit). Freed
 blocks with content stay cached in the free queue, least recently freed first to be reused, so
 they are evicted only when the pool needs them; blocks without content go to its front.
@@ -42,7 +45,7 @@ def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
     return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
 
 
-@dataclass
+@dataclass(eq=False)   # hashed by identity: a pool's watchers are sets of states
 class PrefixState:
     """A request's prefix-cache bookkeeping."""
 
@@ -50,13 +53,14 @@ class PrefixState:
     hits: list[int] = field(default_factory=list)     # waiting: cached blocks of its prefix at the last probe
     group_hits: list[list[int]] = field(default_factory=list)   # ... in layer groups 1.. (sliding: the window's)
     held_hits: int = 0          # waiting: how many of those other requests hold (they cost no free block)
-    version: int = -1           # the pool version `hits` was probed at
+    stale: bool = True          # waiting: a key the last probe looked at has changed since
+    watched: list[bytes] = field(default_factory=list)   # waiting: those keys
     registered: int = 0         # running: leading blocks of its table already cached (or duplicates)
     cached_tokens: int = 0      # prompt tokens its first admission found cached
 
     def forget_blocks(self) -> None:
         """Its blocks were freed (preempted, finished): probe again from scratch."""
-        self.hits, self.group_hits, self.held_hits, self.version, self.registered = [], [], 0, -1, 0
+        self.hits, self.group_hits, self.held_hits, self.stale, self.registered = [], [], 0, True, 0
 
 
 @dataclass
@@ -77,7 +81,7 @@ class PrefixCachingBlockManager(BlockManager):
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))   # type: ignore[assignment]
         self._key_of: list[bytes | None] = [None] * num_blocks
         self._by_key: dict[bytes, int] = {}
-        self.version = 0        # changes whenever a probe's answer may: a block cached, evicted, taken or freed
+        self._watchers: dict[bytes, set[PrefixState]] = {}   # key -> waiting requests whose probe looked at it
         self.stats = CacheStats()
 
     @property
@@ -108,7 +112,7 @@ class PrefixCachingBlockManager(BlockManager):
                 if key_of[block] is None:
                     free.move_to_end(block, last=False)   # nothing worth keeping: reused first
                 else:
-                    self.version += 1
+                    self._changed(key_of[block])           # no longer held: a probe finding it must take it
 
     def exclusive_blocks(self, request: Request) -> int:
         counts = self._ref_counts
@@ -116,30 +120,59 @@ class PrefixCachingBlockManager(BlockManager):
         return sum(1 for table in tables for block in table if block != NULL_PAGE and counts[block] == 1)
 
     def _evict(self, block: int) -> None:
-        del self._by_key[self._key_of[block]]
+        key = self._key_of[block]
+        self._changed(key)
+        del self._by_key[key]
         self._key_of[block] = None
         self.stats.evictions += 1
-        self.version += 1
+
+    # -- which waiting requests must probe again --
+    def _changed(self, key: bytes) -> None:
+        """`key` was cached, evicted, taken or freed: the probes that looked at it are stale."""
+        for state in self._watchers.pop(key, ()):
+            state.stale = True
+
+    def _watch(self, state: PrefixState, keys: list[bytes]) -> None:
+        self._unwatch(state)
+        watchers = self._watchers
+        for key in keys:
+            watchers.setdefault(key, set()).add(state)
+        state.watched, state.stale = keys, False
+
+    def _unwatch(self, state: PrefixState) -> None:
+        watchers = self._watchers
+        for key in state.watched:
+            states = watchers.get(key)
+            if states is not None:
+                states.discard(state)
+                if not states:
+                    del watchers[key]
+        state.watched = []
 
     # -- requests --
     def probe(self, request: Request) -> None:
         """A waiting request's cached prefix: its leading full blocks found in the pool, never
         reaching its last token (that one must be computed to sample from)."""
         state = request.cache
-        if state.version == self.version:
+        if not state.stale:
             return
-        state.version = self.version
         limit = (request.num_tokens - 1) // self.block_size if request.cacheable else 0
         hits: list[int] = []
+        looked_at: list[bytes] = []     # the keys whose change can change this answer: each one looked up, ...
         by_key = self._by_key
         for i in range(limit):
-            block = by_key.get(self._key(request, i))
+            key = self._key(request, i)
+            looked_at.append(key)
+            block = by_key.get(key)
             if block is None:
                 break
             hits.append(block)
         group_hits: list[list[int]] = []
         if self.groups is not None:
+            looked_at += [self._key(request, i) + bytes([g]) for g in range(1, self.groups.num_groups)
+                          for i in range(len(hits))]
             hits, group_hits = self._group_hits(request, hits)
+        self._watch(state, looked_at)   # ... and the hits' keys, whose blocks' holders count too
         counts = self._ref_counts
         state.hits, state.group_hits = hits, group_hits
         state.held_hits = sum(1 for table in (hits, *group_hits) for block in table
@@ -166,10 +199,11 @@ class PrefixCachingBlockManager(BlockManager):
         """On admission: take the probed blocks. The step that admits a request evicts nothing
         before this, so the probe still holds."""
         state, counts, free = request.cache, self._ref_counts, self._free
+        self._unwatch(state)
         for block in (b for table in (state.hits, *state.group_hits) for b in table if b != NULL_PAGE):
             if counts[block] == 0:
                 del free[block]
-                self.version += 1
+                self._changed(self._key_of[block])   # now held: a probe finding it costs no free block
             counts[block] += 1
         request.block_table = list(state.hits)
         if state.group_hits:
@@ -184,6 +218,10 @@ class PrefixCachingBlockManager(BlockManager):
             self.stats.queries += request.num_tokens
             self.stats.hits += num_cached
         state.registered, state.hits, state.group_hits, state.held_hits = len(state.hits), [], [], 0
+
+    def release(self, request: Request) -> None:
+        self._unwatch(request.cache)   # a waiting request aborted: its probe is no one's concern now
+        super().release(request)
 
     def register(self, request: Request) -> None:
         """After a step: the request's newly computed full blocks become findable. A block whose
@@ -202,7 +240,7 @@ class PrefixCachingBlockManager(BlockManager):
                 if page != NULL_PAGE and key not in by_key:
                     by_key[key] = page
                     key_of[page] = key
-                    self.version += 1
+                    self._changed(key)
         state.registered = full
 
     def _key(self, request: Request, i: int) -> bytes:

@@ -199,7 +199,8 @@ class Scheduler:
         the cache's counters, to tell this step's share of them."""
         probe = self.blocks.probe
         for request in self.waiting:
-            probe(request)
+            if request.cache.stale:     # a probe is kept until a key it looked at changes
+                probe(request)
         stats = self.blocks.stats
         return CacheStep(stats.queries, stats.hits, stats.evictions)
 
