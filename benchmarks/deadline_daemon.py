@@ -4,6 +4,11 @@ inner loop off), one fresh daemon after another on the bundled SmolLM2. Reported
 P50 TTFT and P99 TBT (Sarathi-Serve's capacity criterion at this rate), goodput and SLO attainment.
 
     python benchmarks/deadline_daemon.py --qps 0.3 --num-requests 60 --configs deadline sarathi-32 sarathi-24
+
+With --rounds N the configurations alternate N times (A B A B ...), each round on the same requests:
+a paired comparison, since one configuration's P99 TBT moves between runs on a shared machine by
+more than most differences between configurations. Each configuration's result is then the list
+of its rounds.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ def parse_args() -> argparse.Namespace:
                         "comma-separated (deadline:step_headroom=0.8,error_budget=1.0)")
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
     p.add_argument("--slo-tbt-s", type=float, default=0.25)
+    p.add_argument("--rounds", type=int, default=1, help="run the configurations alternately this many times")
     p.add_argument("--port", type=int, default=8013)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
@@ -92,7 +98,10 @@ def main() -> None:
     slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     specs = generate(load_workload(args.workload), args.qps, num_requests=args.num_requests, seed=args.seed)
     prompts = make_prompts(specs, PromptSource(load_prompt_tokenizer(None), args.seed), text=False)
-    results = {name: run_one(name, specs, prompts, slo, args) for name in args.configs}
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
+    rounds = [{name: run_one(name, specs, prompts, slo, args) for name in args.configs} for _ in range(args.rounds)]
+    results = rounds[0] if args.rounds == 1 else {name: [r[name] for r in rounds] for name in args.configs}
     emit_summary({"machine": MachineInfo.collect().as_dict(), "workload": args.workload, "qps": args.qps,
                   "num_requests": len(specs), "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
                   "results": results}, args.json)
