@@ -130,7 +130,7 @@ def candidates_of(step: StepBuilder, view: SchedulerView) -> tuple[list[Sequence
     key and the few partial prompts inserted: an overloaded queue holds thousands, every step."""
     partial = step.partial_prefills()
     ordered = sorted(view.waiting, key=BY_DEADLINE)
-    for seq in sorted(partial, key=BY_DEADLINE, reverse=True):   # reversed: ties keep their order
+    for seq in reversed(sorted(partial, key=BY_DEADLINE)):   # each before its equals: ties keep their order
         bisect.insort_left(ordered, seq, key=BY_DEADLINE)
     return ordered, {id(seq) for seq in partial}
 

@@ -318,3 +318,19 @@ def test_ttft_pace_keeps_steps_short_while_deadlines_are_far_and_lets_them_grow_
     # due in 0.2 s: no pace is fast enough, so the slack alone sizes the step again
     near = prefill_tokens(POLICY.plan(view(running, [waiting(0, 200, arrived_ago=1.8)]), paced))
     assert near == unpaced
+
+
+@given(partial=st.lists(st.integers(0, 3), max_size=5), waiting=st.lists(st.integers(0, 3), max_size=8))
+def test_candidates_are_in_deadline_order_partial_prompts_first_on_a_tie(partial, waiting):
+    """candidates_of's sort and insertion give what one stable sort of partial then waiting gives."""
+    from types import SimpleNamespace
+
+    from policies.deadline import candidates_of
+
+    partial_seqs = [SimpleNamespace(ttft_deadline=float(d), name=f"p{i}") for i, d in enumerate(partial)]
+    waiting_seqs = [SimpleNamespace(ttft_deadline=float(d), name=f"w{i}") for i, d in enumerate(waiting)]
+    step = SimpleNamespace(partial_prefills=lambda: list(partial_seqs))
+    ordered, partial_ids = candidates_of(step, SimpleNamespace(waiting=waiting_seqs))
+    expected = sorted(partial_seqs + waiting_seqs, key=lambda s: s.ttft_deadline)
+    assert [s.name for s in ordered] == [s.name for s in expected]
+    assert partial_ids == {id(s) for s in partial_seqs}
