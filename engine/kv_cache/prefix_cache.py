@@ -45,6 +45,11 @@ def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
     return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
 
 
+def group_key(key: bytes, group: int) -> bytes:
+    """A block's key in layer group `group`: group 0's is the key itself, as without groups."""
+    return key + bytes([group]) if group else key
+
+
 @dataclass(eq=False)   # hashed by identity: a pool's watchers are sets of states
 class PrefixState:
     """A request's prefix-cache bookkeeping."""
@@ -169,7 +174,7 @@ class PrefixCachingBlockManager(BlockManager):
             hits.append(block)
         group_hits: list[list[int]] = []
         if self.groups is not None:
-            looked_at += [self._key(request, i) + bytes([g]) for g in range(1, self.groups.num_groups)
+            looked_at += [group_key(self._key(request, i), g) for g in range(1, self.groups.num_groups)
                           for i in range(len(hits))]
             hits, group_hits = self._group_hits(request, hits)
         self._watch(state, looked_at)   # ... and the hits' keys, whose blocks' holders count too
@@ -184,7 +189,7 @@ class PrefixCachingBlockManager(BlockManager):
         group all of them, a sliding group those of the window the next query reads. Returns group 0's hits
         and, per other group, its hit pages (a sliding group's from its first kept block on)."""
         groups, by_key = self.groups, self._by_key
-        found = [[by_key.get(self._key(request, i) + bytes([g])) for i in range(len(hits))]
+        found = [[by_key.get(group_key(self._key(request, i), g)) for i in range(len(hits))]
                  for g in range(1, groups.num_groups)]
         for n in range(len(hits), 0, -1):
             first = groups.first_kept_block(n * self.block_size)
@@ -235,7 +240,7 @@ class PrefixCachingBlockManager(BlockManager):
         for i in range(state.registered, full):
             base = self._key(request, i)
             for g, table in enumerate(tables):
-                key = base + bytes([g]) if g else base   # group 0's keys as without groups
+                key = group_key(base, g)
                 page = table[i]
                 if page != NULL_PAGE and key not in by_key:
                     by_key[key] = page
