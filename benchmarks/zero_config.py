@@ -10,7 +10,9 @@ workload, at a share (--load) of the modelled machine's sustained capacity:
   the end, tuned serves >= 0.95x the best static's good requests, requests counted by arrival so
   both runs are judged on the same requests;
 - after convergence: tuned / best static goodput over [T, end], and the share of 30-s bins (by
-  finish time) whose P50 TTFT or P99 TBT missed the SLO, tuned's and the best static's own;
+  finish time) whose P50 TTFT or P99 TBT missed the SLO, tuned's and the best static's own; once
+  over every request finishing from T, and once over the requests that arrived from T (`_new_arrivals`):
+  the first bin after T also holds requests admitted under the configuration tuned moved away from;
 - wrong_start_loss: best static goodput / the start's own static goodput (what not tuning costs).
 
 A run lasts --duration simulated seconds, or until --min-requests arrived where that is longer (the
@@ -109,6 +111,12 @@ def good_by_arrival(specs: list[RequestSpec], records: list[RequestRecord], slo:
     return counts
 
 
+def arrived_from(specs: list[RequestSpec], records: list[RequestRecord], start_s: float) -> list[RequestRecord]:
+    """The records of requests that arrived at or after `start_s` (simulator ids: sim-<index>)."""
+    arrivals = sorted(s.arrival_s for s in specs)
+    return [r for r in records if arrivals[int(r.request_id.removeprefix("sim-"))] >= start_s]
+
+
 def rate_window_s(qps: float) -> float:
     """Goodput is compared over windows of RATE_WINDOW_S, or of WINDOW_REQUESTS arrivals at low rates."""
     return max(RATE_WINDOW_S, WINDOW_REQUESTS / qps)
@@ -152,7 +160,11 @@ def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SloClass, start
                  "violating_bins_after_convergence": violating_bin_fraction(records, slo, BIN_S, t),
                  # what the best static configuration itself violates over the same bins
                  "best_static_violating_bins_after_convergence":
-                     violating_bin_fraction(static_records, slo, BIN_S, t)}
+                     violating_bin_fraction(static_records, slo, BIN_S, t),
+                 "violating_bins_after_convergence_new_arrivals":
+                     violating_bin_fraction(arrived_from(specs, records, t), slo, BIN_S, t),
+                 "best_static_violating_bins_after_convergence_new_arrivals":
+                     violating_bin_fraction(arrived_from(specs, static_records, t), slo, BIN_S, t)}
     return cell
 
 

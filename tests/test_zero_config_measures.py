@@ -1,0 +1,53 @@
+"""benchmarks/zero_config.py's bins after convergence: over every request finishing after it, and over
+the requests that arrived after it (the first bin also holds requests the wrong start admitted)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))   # the scripts import by name
+import render_zero_config as render  # noqa: E402
+import zero_config  # noqa: E402
+
+from autotuner.simulated_tuning import violating_bin_fraction  # noqa: E402
+from engine.outputs import RequestRecord  # noqa: E402
+from engine.slo_class import SloClass  # noqa: E402
+from loadgen.workload import RequestSpec  # noqa: E402
+
+SLO = SloClass(ttft_s=2.0, tbt_s=0.1)
+
+
+def record(index: int, arrival: float, gap: float) -> RequestRecord:
+    """Simulator request `sim-<index>`: first token 0.05 s after arrival, then two tokens `gap` apart."""
+    first = arrival + 0.05
+    return RequestRecord(f"sim-{index}", arrival, first, first + 2 * gap, (first, first + gap, first + 2 * gap),
+                         10, 3, 3, "length", 0)
+
+
+def test_the_first_bin_after_convergence_counts_a_wrong_starts_request_only_over_every_finish():
+    specs = [RequestSpec(arrival, 10, 3, "chat") for arrival in (50.0, 65.0, 70.0, 95.0)]
+    # sim-0 arrived under the wrong start (a 10-s gap) and finishes in the first bin after 60 s
+    records = [record(0, 50.0, 5.0), record(1, 65.0, 0.05), record(2, 70.0, 0.05), record(3, 95.0, 0.05)]
+    assert violating_bin_fraction(records, SLO, 30.0, 60.0) == 0.5
+    new = zero_config.arrived_from(specs, records, 60.0)
+    assert [r.request_id for r in new] == ["sim-1", "sim-2", "sim-3"]
+    assert violating_bin_fraction(new, SLO, 30.0, 60.0) == 0.0
+
+
+def cell(**violating: float) -> dict:
+    return {"start": "prefill-first-8192", "tuned_over_best_static": 0.9, "convergence_s": 60.0,
+            "after_convergence_over_best_static": 1.0, "violating_bins_after_convergence": 0.05,
+            "best_static_violating_bins_after_convergence": 0.0, **violating}
+
+
+def test_the_matrix_judges_by_new_arrivals_where_a_cell_records_them_and_shows_both():
+    old = cell()
+    assert not render.meets(old) and render.cell_text(old).endswith("5% (0%) ✗")
+    new = cell(violating_bins_after_convergence_new_arrivals=0.0,
+               best_static_violating_bins_after_convergence_new_arrivals=0.0)
+    assert render.meets(new)
+    assert render.cell_text(new) == "1.000 / 60 s / 0% (0%) [5% with earlier arrivals]"
+    same = cell(violating_bins_after_convergence_new_arrivals=0.05,
+                best_static_violating_bins_after_convergence_new_arrivals=0.0)
+    assert render.cell_text(same) == "1.000 / 60 s / 5% (0%) ✗"
