@@ -23,6 +23,9 @@ and the wall time. Servers:
 - `daemon-POLICY-N`: the same with `--policy POLICY --token-budget N`, e.g. `daemon-sarathi-64` (a
   plain token budget of 64, the deadline inner loop off): a grid of these is the best static token
   budget that #13's deadline-aware steps are measured against, in the same run.
+- `daemon-tuned`: `daemon` with its tuner on (no `--no-tune`): warm start, live trials and all, carried
+  from probe to probe as a running daemon would. #32 measures it against the best of the untuned
+  `daemon` configs of the same run (the live static grid).
 
 The kernels' code follows QLINEAR_ISA in the environment (engine/kernels/cpu_kernels.py): QLINEAR_ISA=avx2
 runs the daemon as on a CPU without AVX-512, like llama.cpp built with GGML_NATIVE=OFF.
@@ -73,6 +76,7 @@ from telemetry.other_load import OtherLoad  # noqa: E402
 
 TARGET_RATIO = 1.3            # #15: the daemon against llama.cpp's best step size
 DEADLINE_TARGET_RATIO = 1.15  # #13: deadline-aware steps against the best static token budget
+TUNED_TARGET_RATIO = 0.97     # #32: the tuned daemon against the best untuned config of the same run
 DEFAULT_CONFIGS = "llama-b32,llama-b64,llama-b128,llama-b512,daemon"
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 
@@ -182,25 +186,30 @@ def llama_spec(name: str, args: argparse.Namespace, gguf: str, port: int) -> Ser
     return ServerSpec(name, "llama.cpp", (config + " " + args.llama_args).strip(), argv)
 
 
+TUNED_DAEMON = "daemon-tuned"
+
+
 def daemon_policy(name: str) -> tuple[str, str]:
-    """`daemon-POLICY-N` -> (POLICY, N); `daemon` -> ("", "")."""
+    """`daemon-POLICY-N` -> (POLICY, N); `daemon` or `daemon-tuned` -> ("", "")."""
+    if name == TUNED_DAEMON:
+        return "", ""
     policy, _, budget = name.removeprefix("daemon").removeprefix("-").rpartition("-")
     return policy, budget
 
 
 def is_daemon_config(name: str) -> bool:
     policy, budget = daemon_policy(name)
-    return name == "daemon" or (name.startswith("daemon-") and bool(policy) and budget.isdigit())
+    return name in ("daemon", TUNED_DAEMON) or (name.startswith("daemon-") and bool(policy) and budget.isdigit())
 
 
 def daemon_spec(name: str, args: argparse.Namespace, gguf: str, port: int, state_dir: str) -> ServerSpec:
-    """`daemon`, or `daemon-POLICY-N`: that policy at a token budget of N."""
+    """`daemon`, `daemon-tuned` (its tuner on), or `daemon-POLICY-N`: that policy at a token budget of N."""
     policy, budget = daemon_policy(name)
     knobs = ["--policy", policy, "--token-budget", budget] if policy else []
-    extra = knobs + shlex.split(args.daemon_args)
+    extra = ([] if name == TUNED_DAEMON else ["--no-tune"]) + knobs + shlex.split(args.daemon_args)
     argv = (sys.executable, "-m", "serving.cli", "serve", "--model", gguf, "--host", "127.0.0.1",
-            "--port", str(port), "--no-tune", "--state-dir", state_dir, *extra)
-    return ServerSpec(name, "autotuned-serve", " ".join(["--no-tune", *extra]), argv)
+            "--port", str(port), "--state-dir", state_dir, *extra)
+    return ServerSpec(name, "autotuned-serve", " ".join(extra), argv)
 
 
 def make_spec(name: str, args: argparse.Namespace, gguf: str, port: int, workdir: str) -> ServerSpec:
@@ -353,8 +362,15 @@ def best_llama(results: list[ServerResult]) -> ServerResult | None:
 
 def best_static_daemon(results: list[ServerResult]) -> ServerResult | None:
     """The best of the daemon-POLICY-N configs (static token budgets)."""
-    static = [r for r in results if r.spec.name.startswith("daemon-") and r.capacity_qps]
+    static = [r for r in results if daemon_policy(r.spec.name)[0] and r.capacity_qps]
     return max(static, key=lambda r: r.capacity_qps) if static else None
+
+
+def best_untuned_daemon(results: list[ServerResult]) -> ServerResult | None:
+    """The best daemon config with its tuner off: `daemon` or a `daemon-POLICY-N` (#32's live static grid)."""
+    untuned = [r for r in results if r.spec.server == "autotuned-serve" and r.spec.name != TUNED_DAEMON
+               and r.capacity_qps]
+    return max(untuned, key=lambda r: r.capacity_qps) if untuned else None
 
 
 def ratio(r: ServerResult, best: ServerResult | None) -> float | None:
@@ -392,6 +408,11 @@ def markdown(results: list[ServerResult], machine: Machine, args: argparse.Names
         lines += ["", f"Best static token budget: `{static.spec.config}` at {static.capacity_qps:.3f} req/s; "
                       f"the daemon's default (deadline-aware steps) is {ratio(default, static):.2f}x it "
                       f"(issue #13's target: >= {DEADLINE_TARGET_RATIO:g}x)."]
+    untuned, tuned = best_untuned_daemon(results), next((r for r in results if r.spec.name == TUNED_DAEMON), None)
+    if untuned and tuned and tuned.capacity_qps is not None:
+        lines += ["", f"Best untuned daemon config: `{untuned.spec.config}` at {untuned.capacity_qps:.3f} req/s; "
+                      f"the tuned daemon is {ratio(tuned, untuned):.2f}x it "
+                      f"(issue #32's target: >= {TUNED_TARGET_RATIO:g}x)."]
     return "\n".join(lines) + "\n"
 
 
@@ -417,10 +438,11 @@ def _probe_text(p: dict[str, Any]) -> str:
 
 def write_report(results: list[ServerResult], machine: Machine, args: argparse.Namespace, gguf: str) -> None:
     best = best_llama(results)
-    static = best_static_daemon(results)
+    static, untuned = best_static_daemon(results), best_untuned_daemon(results)
     doc = {"machine": asdict(machine), "gguf": gguf, "settings": vars(args),
            "best_llama_cpp": best.spec.name if best else None,
            "best_static_daemon": static.spec.name if static else None,
+           "best_untuned_daemon": untuned.spec.name if untuned else None,
            "servers": [{**asdict(r), "ratio_to_best_llama_cpp": ratio(r, best)} for r in results]}
     results_file.write(os.path.join(args.out_dir, "llama_cpp_capacity.json"), doc)   # + meta
     table = markdown(results, machine, args)
