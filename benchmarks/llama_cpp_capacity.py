@@ -209,7 +209,7 @@ def daemon_spec(name: str, args: argparse.Namespace, gguf: str, port: int, state
     extra = ([] if name == TUNED_DAEMON else ["--no-tune"]) + knobs + shlex.split(args.daemon_args)
     argv = (sys.executable, "-m", "serving.cli", "serve", "--model", gguf, "--host", "127.0.0.1",
             "--port", str(port), "--state-dir", state_dir, *extra)
-    return ServerSpec(name, "autotuned-serve", " ".join(extra), argv)
+    return ServerSpec(name, "autotuned-serve", " ".join(extra) or "(tuner on)", argv)
 
 
 def make_spec(name: str, args: argparse.Namespace, gguf: str, port: int, workdir: str) -> ServerSpec:
@@ -428,6 +428,23 @@ def render_doc(sources: list[Path]) -> str:
         ratio_text = fmt(s["capacity_qps"] / best, ".2f") if best and s["capacity_qps"] is not None else "-"
         rows.append(f"| {s['spec']['server']} | {gguf} | `{s['spec']['config']}` | {fmt(s['capacity_qps'])} | "
                     f"{'; '.join(map(_probe_text, s['probes']))} | {ratio_text} |")
+    return "\n".join(rows)
+
+
+def render_live_grid(sources: list[Path]) -> str:
+    """docs/tuning.md's live static grid (#32): each run's daemon configs, capacity and probes, and
+    each one's ratio to the best untuned config of its own run (runs differ in their probe rates)."""
+    rows = ["| run | config | capacity (req/s) | first failing (req/s) | probes: rate, P50 TTFT / P99 TBT (s) "
+            "| x best untuned of the run |", "|---|---|---:|---:|---|---:|"]
+    for source in sources:
+        run = json.loads(source.read_text())
+        untuned = [s["capacity_qps"] for s in run["servers"]
+                   if s["spec"]["name"] != TUNED_DAEMON and s["capacity_qps"] is not None]
+        best = max(untuned, default=0)
+        for s in run["servers"]:
+            ratio_text = fmt(s["capacity_qps"] / best, ".2f") if best and s["capacity_qps"] is not None else "-"
+            rows.append(f"| {source.parent.name} | `{s['spec']['name']}` | {fmt(s['capacity_qps'])} | "
+                        f"{fmt(s['first_failing_qps'])} | {'; '.join(map(_probe_text, s['probes']))} | {ratio_text} |")
     return "\n".join(rows)
 
 
