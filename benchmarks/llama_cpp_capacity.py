@@ -362,7 +362,8 @@ def best_llama(results: list[ServerResult]) -> ServerResult | None:
 
 def best_static_daemon(results: list[ServerResult]) -> ServerResult | None:
     """The best of the daemon-POLICY-N configs (static token budgets)."""
-    static = [r for r in results if daemon_policy(r.spec.name)[0] and r.capacity_qps]
+    static = [r for r in results if r.spec.name.startswith("daemon-") and r.spec.name != TUNED_DAEMON
+              and r.capacity_qps]
     return max(static, key=lambda r: r.capacity_qps) if static else None
 
 

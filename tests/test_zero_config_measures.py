@@ -27,7 +27,7 @@ def record(index: int, arrival: float, gap: float) -> RequestRecord:
 
 def test_the_first_bin_after_convergence_counts_a_wrong_starts_request_only_over_every_finish():
     specs = [RequestSpec(arrival, 10, 3, "chat") for arrival in (50.0, 65.0, 70.0, 95.0)]
-    # sim-0 arrived under the wrong start (a 10-s gap) and finishes in the first bin after 60 s
+    # sim-0 arrived under the wrong start (5-s token gaps) and finishes in the first bin after 60 s
     records = [record(0, 50.0, 5.0), record(1, 65.0, 0.05), record(2, 70.0, 0.05), record(3, 95.0, 0.05)]
     assert violating_bin_fraction(records, SLO, 30.0, 60.0) == 0.5
     new = zero_config.arrived_from(specs, records, 60.0)

@@ -1,0 +1,34 @@
+"""benchmarks/llama_cpp_capacity.py's server configs: which daemon runs with its tuner, and which
+result is the best static token budget (#13) and the best untuned daemon (#32's live static grid)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))   # the script imports by name
+import llama_cpp_capacity as capacity  # noqa: E402
+
+
+def test_only_daemon_tuned_runs_with_its_tuner():
+    args = capacity.parse_args(["--out-dir", "/tmp/unused", "--daemon-args=--config a.yaml"])
+    specs = {name: capacity.daemon_spec(name, args, "m.gguf", 1, "state")
+             for name in ("daemon", "daemon-tuned", "daemon-sarathi-64")}
+    assert "--no-tune" in specs["daemon"].argv and "--no-tune" in specs["daemon-sarathi-64"].argv
+    assert "--no-tune" not in specs["daemon-tuned"].argv
+    assert specs["daemon-tuned"].config == "--config a.yaml"
+    assert specs["daemon-sarathi-64"].config == "--no-tune --policy sarathi --token-budget 64 --config a.yaml"
+    assert capacity.is_daemon_config("daemon-tuned") and not capacity.is_daemon_config("daemon-fast")
+
+
+def result(name: str, qps: float | None) -> SimpleNamespace:
+    server = "llama.cpp" if name.startswith("llama") else "autotuned-serve"
+    return SimpleNamespace(spec=SimpleNamespace(name=name, server=server, config=name), capacity_qps=qps)
+
+
+def test_the_best_static_budget_and_the_best_untuned_daemon_leave_out_the_tuned_daemon_and_llama_cpp():
+    results = [result("llama-b32-np8", 5.0), result("daemon", 1.3), result("daemon-sarathi-64", 1.2),
+               result("daemon-sarathi-128", None), result("daemon-tuned", 2.0)]
+    assert capacity.best_static_daemon(results).spec.name == "daemon-sarathi-64"
+    assert capacity.best_untuned_daemon(results).spec.name == "daemon"
