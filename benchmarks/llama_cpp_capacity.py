@@ -434,14 +434,15 @@ def render_doc(sources: list[Path]) -> str:
 
 def render_live_grid(sources: list[Path]) -> str:
     """docs/tuning.md's live static grid (#32): each run's daemon configs, capacity and probes, and
-    each one's ratio to the best untuned config of its own run (runs differ in their probe rates)."""
+    each one's ratio to the best untuned config of its own run (runs differ in their probe rates; a
+    run of one config has no ratio)."""
     rows = ["| run | config | capacity (req/s) | first failing (req/s) | probes: rate, P50 TTFT / P99 TBT (s) "
             "| x best untuned of the run |", "|---|---|---:|---:|---|---:|"]
     for source in sources:
         run = json.loads(source.read_text())
         untuned = [s["capacity_qps"] for s in run["servers"]
                    if s["spec"]["name"] != TUNED_DAEMON and s["capacity_qps"] is not None]
-        best = max(untuned, default=0)
+        best = max(untuned, default=0) if len(run["servers"]) > 1 else 0
         for s in run["servers"]:
             ratio_text = fmt(s["capacity_qps"] / best, ".2f") if best and s["capacity_qps"] is not None else "-"
             rows.append(f"| {source.parent.name} | `{s['spec']['name']}` | {fmt(s['capacity_qps'])} | "

@@ -3,6 +3,7 @@ result is the best static token budget (#13) and the best untuned daemon (#32's 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,3 +33,20 @@ def test_the_best_static_budget_and_the_best_untuned_daemon_leave_out_the_tuned_
                result("daemon-sarathi-128", None), result("daemon-tuned", 2.0)]
     assert capacity.best_static_daemon(results).spec.name == "daemon-sarathi-64"
     assert capacity.best_untuned_daemon(results).spec.name == "daemon"
+
+
+def test_the_live_grid_gives_each_config_its_ratio_to_the_best_untuned_of_its_own_run(tmp_path: Path):
+    def run(folder: str, *servers: tuple[str, float]) -> Path:
+        path = tmp_path / folder / "llama_cpp_capacity.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({"servers": [
+            {"spec": {"name": name}, "capacity_qps": qps, "first_failing_qps": 2 * qps,
+             "probes": [{"qps": qps, "passed": True, "ttft_p50_s": 0.5, "tbt_p99_s": 0.2}]}
+            for name, qps in servers]}))
+        return path
+    table = capacity.render_live_grid([run("grid", ("daemon", 1.0), ("daemon-sarathi-64", 1.25), ("daemon-tuned", 1.25)),
+                                       run("alone", ("daemon-deadline-64", 1.5))])
+    ratios = {tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|")[-2].strip()
+              for line in table.splitlines()[2:]}
+    assert ratios == {("grid", "`daemon`"): "0.80", ("grid", "`daemon-sarathi-64`"): "1.00",
+                      ("grid", "`daemon-tuned`"): "1.00", ("alone", "`daemon-deadline-64`"): "-"}
