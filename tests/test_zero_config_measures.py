@@ -13,7 +13,6 @@ import zero_config  # noqa: E402
 from autotuner.simulated_tuning import violating_bin_fraction  # noqa: E402
 from engine.outputs import RequestRecord  # noqa: E402
 from engine.slo_class import SloClass  # noqa: E402
-from loadgen.workload import RequestSpec  # noqa: E402
 
 SLO = SloClass(ttft_s=2.0, tbt_s=0.1)
 
@@ -26,11 +25,10 @@ def record(index: int, arrival: float, gap: float) -> RequestRecord:
 
 
 def test_the_first_bin_after_convergence_counts_a_wrong_starts_request_only_over_every_finish():
-    specs = [RequestSpec(arrival, 10, 3, "chat") for arrival in (50.0, 65.0, 70.0, 95.0)]
     # sim-0 arrived under the wrong start (5-s token gaps) and finishes in the first bin after 60 s
     records = [record(0, 50.0, 5.0), record(1, 65.0, 0.05), record(2, 70.0, 0.05), record(3, 95.0, 0.05)]
     assert violating_bin_fraction(records, SLO, 30.0, 60.0) == 0.5
-    new = zero_config.arrived_from(specs, records, 60.0)
+    new = zero_config.arrived_from(records, 60.0)
     assert [r.request_id for r in new] == ["sim-1", "sim-2", "sim-3"]
     assert violating_bin_fraction(new, SLO, 30.0, 60.0) == 0.0
 
