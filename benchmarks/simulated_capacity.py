@@ -8,17 +8,25 @@ server, so a whole table takes seconds; what it predicts is only as good as the 
     python benchmarks/simulated_capacity.py
     python benchmarks/simulated_capacity.py --policies sarathi --budgets 32 64 --requests 400 --slo-tbt-s 0.5
     python benchmarks/simulated_capacity.py --policies sarathi deadline --budgets 32 2048 --knob step_headroom=1.0
+    python benchmarks/simulated_capacity.py --policies deadline sarathi --budgets 64 2048 --scatter 0.3
+
+--scatter SIGMA draws each step's time around the model's prediction with the live daemon's scatter
+(simulation/step_scatter.py: lognormal, median 1; the live daemon's is `scatter_sigma` in the cost model
+of `autotuned-serve tuner status`), the deadline policy pricing at its 90th percentile as live.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
+import results_file
 from loadgen.capacity import CapacityCriteria, search_capacity
 from serving.cli_tuning import parse_knobs
 from simulation.cost_model_files import resolve_cost_model
+from simulation.step_scatter import lognormal_scatter
 from simulation.workload_run import simulated_probe
 from loadgen.workload import load_workload
 from simulation.profile_cost_model import StepTimeModel
@@ -40,8 +48,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cost-model", default=None, help="default: the shipped calibration")
     p.add_argument("--profile", default=None, help="a hardware profile instead (autotuned-serve profiles)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scatter", type=float, default=0.0, metavar="SIGMA",
+                   help="log-spread of step times around the model (default 0: exactly as predicted)")
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                    help="another knob for every run (repeatable; a policy reads only its own)")
+    p.add_argument("--json", default=None, help="also write the results, with their meta, to this file")
     return p.parse_args()
 
 
@@ -58,14 +69,20 @@ def capacity(cost: StepTimeModel, policy: str, budget: int, args: argparse.Names
 
 def main() -> None:
     args = parse_args()
-    cost = resolve_cost_model(args.cost_model, args.profile)
+    if not 0.0 <= args.scatter <= 1.0:
+        raise SystemExit(f"--scatter must be in [0, 1], got {args.scatter}")
+    cost = replace(resolve_cost_model(args.cost_model, args.profile), step_scatter=lognormal_scatter(args.scatter))
     rows = [capacity(cost, policy, budget, args) for policy in args.policies for budget in args.budgets]
     print(f"{'policy':<16}{'budget':>8}{'capacity qps':>14}{'first failing':>15}")
     for r in rows:
         failing = "-" if r["first_failing_qps"] is None else f"{r['first_failing_qps']:.3f}"
         print(f"{r['policy']:<16}{r['token_budget']:>8}{r['capacity_qps']:>14.3f}{failing:>15}")
-    print(json.dumps({"workload": args.workload, "slo": {"ttft_p50_s": args.slo_ttft_s, "tbt_p99_s": args.slo_tbt_s},
-                      "cost_model": args.profile or cost.model, "knobs": parse_knobs(args.knob), "results": rows}, indent=2))
+    results = {"workload": args.workload, "slo": {"ttft_p50_s": args.slo_ttft_s, "tbt_p99_s": args.slo_tbt_s},
+               "cost_model": args.profile or cost.model, "knobs": parse_knobs(args.knob), "scatter_sigma": args.scatter,
+               "requests": args.requests, "min_duration_s": args.min_duration_s, "results": rows}
+    print(json.dumps(results, indent=2))
+    if args.json:
+        results_file.write(args.json, results)
 
 
 def render_doc(sources: list[Path]) -> str:

@@ -97,6 +97,9 @@ class CostModel:
     layer_sliding: tuple[bool, ...] = ()
     window: int | None = None
     kv_pages: bool = False
+    # live over predicted step times at percentiles 1-99 over their median (simulation.step_scatter): set on the
+    # live daemon's copy for its warm start's simulations; empty in a calibration (steps exactly as predicted)
+    step_scatter: tuple[float, ...] = ()
 
     def predict(self, shape: StepShape) -> float:
         return self.predict_counts(shape.num_prefill_tokens, shape.num_decode_tokens, shape.num_sampled,
@@ -157,6 +160,7 @@ class CostModel:
             data["coefficients"] = tuple(data["coefficients"])
             data["kernel_coefficients"] = tuple(data.get("kernel_coefficients", ()))
             data["layer_sliding"] = tuple(data.get("layer_sliding", ()))
+            data["step_scatter"] = tuple(data.get("step_scatter", ()))
             model = CostModel(**data)
             if model.kernel_max_rows and len(model.kernel_coefficients) != len(FEATURES):
                 raise ValueError(f"kernel_max_rows {model.kernel_max_rows} without {len(FEATURES)} kernel coefficients")

@@ -20,6 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from simulation.cost_model import CostModel, StepShape, window_fields
+from simulation.step_scatter import DEADLINE_QUANTILE, measured_scatter, sigma_of
 from engine.llm_engine import LLMEngine
 from engine.outputs import StepRecord
 
@@ -27,11 +28,11 @@ LIVE_STEPS = 2000            # live steps kept for the speed factor
 MIN_LIVE_STEPS = 200         # fewer than this: the calibration as it is
 MIN_PATH_STEPS = 30          # a weights path (quantized kernels, dense) with fewer: the overall ratio
 REFRESH_EVERY_STEPS = 200    # how often the scheduler's copy is re-scaled (a median over LIVE_STEPS, ~ms)
-# The scheduler's copy prices deadlines at the 90th percentile of live over predicted, so about 9
-# steps in 10 fit the slack they were sized to: on the real 2-core daemon step times scatter +-20-40%
-# around the model, and sized at the median half the prefill steps overran (one long gap fails a
-# short request's own P99 TBT). The tuner's simulations want expected times: the median.
-DEADLINE_QUANTILE = 0.9
+# The scheduler's copy prices deadlines at the 90th percentile of live over predicted
+# (simulation.step_scatter.DEADLINE_QUANTILE), so about 9 steps in 10 fit the slack they were sized
+# to: on the real 2-core daemon step times scatter +-20-40% around the model, and sized at the median
+# half the prefill steps overran (one long gap fails a short request's own P99 TBT). The tuner's
+# simulations want expected times, the median, with that scatter (`step_scatter`) drawn around them.
 SPEED_FACTOR_RANGE = (0.5, 2.0)   # a live machine further off its calibration than this wants a recalibration
 # a model that does not describe this machine (--no-calibrate): only its shape is kept, the scale is live
 UNCALIBRATED_RANGE = (0.001, 1000.0)
@@ -68,16 +69,32 @@ class LiveCostModel:
     def speed_factors(self, quantile: float = 0.5) -> tuple[float, float, float]:
         """(overall, dense path, quantized-kernel path) live-over-predicted ratios at `quantile` (the
         median by default); a path with too few recent steps of its own takes the overall one."""
-        steps = list(self._steps)
-        if len(steps) < MIN_LIVE_STEPS:
+        ratios, on_kernels = self._ratios()
+        if len(ratios) < MIN_LIVE_STEPS:
             return 1.0, 1.0, 1.0
-        ratios = np.array([r.duration_s / self.base.predict(StepShape.of(r)) for r in steps])
-        on_path = getattr(self.base, "on_kernel_path", None)      # a hardware profile has one path
-        on_kernels = np.array([bool(on_path and on_path(r.num_prefill_tokens + r.num_decode_tokens)) for r in steps])
         overall = self._bounded(np.quantile(ratios, quantile))
         paths = [self._bounded(np.quantile(ratios[mask], quantile)) if mask.sum() >= MIN_PATH_STEPS else overall
                  for mask in (~on_kernels, on_kernels)]
         return overall, paths[0], paths[1]
+
+    def step_scatter(self) -> tuple[float, ...]:
+        """How recent steps scatter around the model once each weights path's median speed is taken out
+        (simulation.step_scatter); empty with too few steps."""
+        ratios, on_kernels = self._ratios()
+        if len(ratios) < MIN_LIVE_STEPS:
+            return ()
+        residuals = [ratios[mask] / np.median(ratios[mask]) for mask in (~on_kernels, on_kernels)
+                     if mask.sum() >= MIN_PATH_STEPS]
+        return measured_scatter(np.concatenate(residuals) if residuals else ratios)
+
+    def _ratios(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each recent step's live over predicted time, and whether it ran on the quantized kernels."""
+        steps = list(self._steps)
+        ratios = np.array([r.duration_s / self.base.predict(StepShape.of(r)) for r in steps])
+        on_path = getattr(self.base, "on_kernel_path", None)      # a hardware profile has one path
+        on_kernels = np.array([bool(on_path and on_path(r.num_prefill_tokens + r.num_decode_tokens)) for r in steps],
+                              dtype=bool)
+        return ratios, on_kernels
 
     def _bounded(self, ratio: float) -> float:
         low, high = self.speed_range
@@ -88,13 +105,23 @@ class LiveCostModel:
         overall, dense, kernel = self.speed_factors()
         return {"source": self.source, "describes_machine": self.describes_machine, "model": self.base.model,
                 "dtype": self.base.dtype, "device": self.base.device, "fingerprint": self.base.fingerprint,
-                "speed_factor": overall, "dense_speed_factor": dense, "kernel_speed_factor": kernel}
+                "speed_factor": overall, "dense_speed_factor": dense, "kernel_speed_factor": kernel,
+                "scatter_sigma": sigma_of(self.step_scatter()), "live_over_predicted": self.ratio_quantiles()}
+
+    def ratio_quantiles(self) -> dict[str, float]:
+        """Recent steps' live over predicted time at the percentiles that price them (50, 90) and that the TBT
+        SLO reads (99): how far the model's tail is off, which the median and scatter_sigma do not show."""
+        ratios, _ = self._ratios()
+        if len(ratios) < MIN_LIVE_STEPS:
+            return {}
+        return {f"p{q}": float(np.quantile(ratios, q / 100)) for q in (50, 90, 99)}
 
     def current(self, quantile: float = 0.5) -> CostModel:
-        """The calibration scaled to the live machine by `quantile` of its live-over-predicted ratios."""
+        """The calibration scaled to the live machine by `quantile` of its live-over-predicted ratios,
+        carrying the live scatter around them (which only the simulator reads)."""
         _, dense, kernel = self.speed_factors(quantile)
-        if dense == kernel == 1.0:
-            return self.base
-        if getattr(self.base, "kernel_max_rows", 0):
-            return self.base.scaled(dense, kernel)
-        return self.base.scaled(dense)
+        scatter = self.step_scatter()
+        model = self.base
+        if not dense == kernel == 1.0:
+            model = self.base.scaled(dense, kernel) if getattr(self.base, "kernel_max_rows", 0) else self.base.scaled(dense)
+        return replace(model, step_scatter=scatter) if scatter else model

@@ -110,6 +110,7 @@ class ProfileCostModel:
     fit_mape: float | None = None        # the CostModel fields a report may read: not fitted
     holdout_mape: float | None = None
     num_samples: int = 0
+    step_scatter: tuple[float, ...] = ()  # live scatter around the predictions (CostModel.step_scatter)
     terms: StepTerms = field(init=False, repr=False, compare=False)
     _by_tokens: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _by_sampled: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)

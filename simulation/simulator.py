@@ -17,6 +17,7 @@ from typing import Protocol
 from engine.kv_cache.block_manager import BLOCK_SIZE, BlockManager
 from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
 from simulation.cost_model import CostModel
+from simulation.step_scatter import DEADLINE_QUANTILE, StepScatter, factor_at
 from engine.llm_engine import request_record, step_record
 from engine.model_runner import StepTiming
 from engine.outputs import RequestRecord, StepRecord
@@ -53,12 +54,16 @@ class Simulator:
         # layer reads one more key and holds one more block per token)
         groups = cost.kv_groups() if isinstance(cost, CostModel) else None
         shape = cost.step_shape() if isinstance(cost, CostModel) else None
+        # a model that carries the live scatter of step times: each step takes its prediction times a draw
+        self.scatter = StepScatter(cost.step_scatter) if cost.step_scatter else None
         # replay pure-decode stretches without asking the policy (same result, faster)
         self.coast = coast and groups is None and shape is None
         self.now = 0.0
         self.blocks = (PrefixCachingBlockManager if prefix_caching else BlockManager)(num_blocks, block_size, groups)
         self.scheduler = Scheduler(self.blocks, policy, knobs, clock=lambda: self.now, shape=shape)
-        self.scheduler.cost = cost      # the deadline policy prices steps with the model that times them
+        # the deadline policy prices steps with the model that times them; under scatter at the percentile the
+        # live scheduler prices at (simulation.live_cost_model), so some slack-filled steps overrun, as live
+        self.scheduler.cost = cost.scaled(factor_at(cost.step_scatter, DEADLINE_QUANTILE)) if self.scatter else cost
         self.scheduler.arrival_guard_s = self.slo_classes.arrival_guard_s()
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self.finish_listeners: list[Callable[[RequestRecord], None]] = []
@@ -132,6 +137,8 @@ class Simulator:
         decodes = result.num_decode_tokens      # StepShape.of_schedule(result), without the object
         duration = self.cost.predict_counts(result.num_tokens - decodes, decodes, result.num_sampled,
                                             result.context_tokens, result.attended_pairs, len(result.scheduled))
+        if self.scatter:
+            duration *= self.scatter.factor()
         self.now += duration
         self.scheduler.commit(result)
         gaps: list[float] | None = [] if self.step_listeners else None
@@ -179,6 +186,8 @@ class Simulator:
             steps_to_finish -= 1
             start = self.now
             duration = self.cost.predict_counts(0, batch, batch, context, pairs, batch)
+            if self.scatter:
+                duration *= self.scatter.factor()
             self.now = now = start + duration
             gap = now - start           # every sequence's last token came at the end of the last step
             long = [r for r in running if gap > r.tbt_target_s] if gap > tightest_tbt else ()
