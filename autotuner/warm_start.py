@@ -21,6 +21,7 @@ from autotuner.static_grid import grid_points
 from simulation.workload_run import simulate
 from loadgen.workload import RequestSpec
 from simulation.cost_model import CostModel
+from simulation.step_scatter import factor_at, sigma_of
 from engine.outputs import RequestRecord
 from engine.scheduling.error_budget import HORIZON_S as ERROR_BUDGET_HORIZON_S
 from policies import Knobs
@@ -180,8 +181,8 @@ class SimulatorWarmStart:
         job = self.job(observed)
         if job is None:
             return []
-        log.info("tuner: warm start for %s: %d simulated trials on %d observed requests", regime.key, job.trials,
-                 len(job.lengths))
+        log.info("tuner: warm start for %s: %d simulated trials on %d observed requests, %s", regime.key, job.trials,
+                 len(job.lengths), scatter_line(job.cost.step_scatter))
         start = time.monotonic()
         best = self.runner(job)
         log.info("tuner: warm start done in %.1f s: %d configurations", time.monotonic() - start, len(best))
@@ -198,6 +199,14 @@ class SimulatorWarmStart:
                             [(r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens) for r in samples],
                             observed.arrival_rate_rps, self.trials, self.keep, self.seed,
                             self.error_budget_horizon_s)
+
+
+def scatter_line(scatter: tuple[float, ...]) -> str:
+    """How the simulated steps scatter, for the log."""
+    if not scatter:
+        return "steps exactly as predicted"
+    return (f"steps scattered as live (sigma {sigma_of(scatter):.2f}: x{factor_at(scatter, 0.9):.2f} at p90, "
+            f"x{factor_at(scatter, 0.99):.2f} at p99 of the median)")
 
 
 class WarmStartFailed(RuntimeError):
