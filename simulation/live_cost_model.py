@@ -53,14 +53,14 @@ class LiveCostModel:
         blocks = engine.block_manager
         self.base = replace(self.base, kv_blocks=blocks.num_blocks, block_size=blocks.block_size,
                             **window_fields(engine))   # and its layers' windows and pages, where it has any
-        engine.scheduler.cost = self.current(DEADLINE_QUANTILE)
+        engine.scheduler.cost = self._scaled(DEADLINE_QUANTILE)
         engine.step_listeners.append(self.on_step)
         return self
 
     def on_step(self, record: StepRecord) -> None:
         self._steps.append(record)
         if self._engine is not None and record.step % REFRESH_EVERY_STEPS == 0:
-            self._engine.scheduler.cost = self.current(DEADLINE_QUANTILE)
+            self._engine.scheduler.cost = self._scaled(DEADLINE_QUANTILE)
 
     def speed_factor(self) -> float:
         """Live step time over predicted, median of recent steps, within SPEED_FACTOR_RANGE."""
@@ -118,10 +118,15 @@ class LiveCostModel:
 
     def current(self, quantile: float = 0.5) -> CostModel:
         """The calibration scaled to the live machine by `quantile` of its live-over-predicted ratios,
-        carrying the live scatter around them (which only the simulator reads)."""
-        _, dense, kernel = self.speed_factors(quantile)
-        scatter = self.step_scatter()
-        model = self.base
-        if not dense == kernel == 1.0:
-            model = self.base.scaled(dense, kernel) if getattr(self.base, "kernel_max_rows", 0) else self.base.scaled(dense)
+        carrying the live scatter around them (for the warm start's simulations)."""
+        model, scatter = self._scaled(quantile), self.step_scatter()
         return replace(model, step_scatter=scatter) if scatter else model
+
+    def _scaled(self, quantile: float) -> CostModel:
+        """The calibration scaled by `quantile` of the live ratios, per weights path: the scheduler's copy."""
+        _, dense, kernel = self.speed_factors(quantile)
+        if dense == kernel == 1.0:
+            return self.base
+        if getattr(self.base, "kernel_max_rows", 0):
+            return self.base.scaled(dense, kernel)
+        return self.base.scaled(dense)

@@ -33,10 +33,11 @@ def test_measured_scatter_is_the_ratios_percentiles_over_their_median():
 
 def test_draws_follow_the_scatter_and_repeat_with_the_seed():
     scatter = lognormal_scatter(0.3)
-    draws = [StepScatter(scatter, seed=3).factor() for _ in range(1)]
+    first = [StepScatter(scatter, seed=3).factor() for _ in range(3)]
+    assert len(set(first)) == 1                          # a fresh one starts the same sequence
     a, b = StepScatter(scatter, seed=3), StepScatter(scatter, seed=3)
     first = [a.factor() for _ in range(10_000)]
-    assert first == [b.factor() for _ in range(10_000)] and draws[0] == first[0]
+    assert first == [b.factor() for _ in range(10_000)]
     assert np.median(first) == pytest.approx(1.0, rel=0.03)
     assert np.quantile(first, 0.9) == pytest.approx(factor_at(scatter, 0.9), rel=0.05)
     assert min(first) >= scatter[0] and max(first) <= scatter[-1]       # the 1st and 99th percentile are the ends

@@ -268,7 +268,8 @@ def test_a_failing_warm_start_is_counted_on_metrics_and_in_status(tmp_path, monk
     tuner.stop_event.clear()             # set, it would interrupt the background run
     controller = tuner.controller
     # stand-in inputs (recent requests): the child fails before it reads them
-    monkeypatch.setattr(controller.warm_start, "job", lambda observed: SimpleNamespace(trials=2, lengths=[]))
+    monkeypatch.setattr(controller.warm_start, "job", lambda observed: SimpleNamespace(trials=2, lengths=[],
+                                                                                   cost=SimpleNamespace(step_scatter=())))
     assert controller._warm_start_picks(SimpleNamespace(key="io=2^0|rate=2^0|kv=low"), None) == []
     sample = lambda stage: registry.get_sample_value("autotuned:tuner_failures_total", {"stage": stage})  # noqa: E731
     assert sample("warm_start") == 1 and sample("sample") == 0
