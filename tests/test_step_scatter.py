@@ -74,3 +74,27 @@ def test_under_live_scatter_a_short_cap_serves_more_than_slack_filling_steps():
     assert goodput(base, 2048) > goodput(base, 64)
     scattered = replace(base, step_scatter=lognormal_scatter(0.3))
     assert goodput(scattered, 64) > 1.2 * goodput(scattered, 2048)
+
+
+def test_the_live_scatter_is_taken_about_each_weights_paths_own_speed():
+    """Steps on the quantized kernels at 0.9x their prediction and dense steps at 1.3x, each exactly: two
+    speeds, no scatter (pooled, the two medians would read as a 1.4x spread)."""
+    from types import SimpleNamespace
+
+    from engine.outputs import StepRecord
+    from simulation.live_cost_model import MIN_LIVE_STEPS, LiveCostModel
+
+    base = CostModel.load(CPU_MODEL)
+    engine = SimpleNamespace(scheduler=SimpleNamespace(cost=None), step_listeners=[],
+                             block_manager=SimpleNamespace(num_blocks=base.kv_blocks, block_size=base.block_size),
+                             model_config=SimpleNamespace(window=None))
+    live = LiveCostModel(base).attach(engine)
+    small, large = StepShape(0, 4, 4, 800, 800, 4), StepShape(base.kernel_max_rows + 60, 4, 5, 2000, 30000, 5)
+    assert base.on_kernel_path(4) and not base.on_kernel_path(base.kernel_max_rows + 64)
+    for i in range(MIN_LIVE_STEPS):
+        shape, factor = (small, 0.9) if i % 3 else (large, 1.3)
+        live.on_step(StepRecord(i, float(i), factor * base.predict(shape), shape.num_prefill_tokens,
+                                shape.num_decode_tokens, 1, shape.num_sampled, 0, 0, 0.1, shape.context_tokens,
+                                shape.attended_pairs, shape.num_seqs, 0.0, 0.0, 0.0, 0.0, "deadline", 0))
+    scatter = live.current().step_scatter
+    assert factor_at(scatter, 0.01) == pytest.approx(1.0) and factor_at(scatter, 0.99) == pytest.approx(1.0)
