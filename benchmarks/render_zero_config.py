@@ -45,11 +45,12 @@ def load(path: Path = RESULTS) -> list[dict[str, Any]]:
 def violating(cell: dict[str, Any]) -> tuple[float, float]:
     """Shares of 30-s bins violating after convergence, tuned's and the best static's: over the
     requests that arrived after it where the cell records that (benchmarks/zero_config.py, stop 47),
-    else over every request finishing after it (which counts the wrong start's last requests)."""
-    new = "violating_bins_after_convergence_new_arrivals"
-    if new in cell:
-        return cell[new], cell["best_static_" + new]
-    return cell["violating_bins_after_convergence"], cell["best_static_violating_bins_after_convergence"]
+    else over every request finishing after it (which counts the wrong start's last requests); None for
+    a cell that never converged (zero_config.py records no share then)."""
+    key = "violating_bins_after_convergence"
+    if key + "_new_arrivals" in cell:
+        key += "_new_arrivals"
+    return cell.get(key), cell.get("best_static_" + key)     # None where the cell never converged
 
 
 def meets(cell: dict[str, Any], strict: bool = True) -> bool:

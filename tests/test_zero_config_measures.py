@@ -49,3 +49,12 @@ def test_the_matrix_judges_by_new_arrivals_where_a_cell_records_them_and_shows_b
     same = cell(violating_bins_after_convergence_new_arrivals=0.05,
                 best_static_violating_bins_after_convergence_new_arrivals=0.0)
     assert render.cell_text(same) == "1.000 / 60 s / 5% (0%) ✗"
+
+
+def test_a_cell_that_never_converged_fails_the_bars_and_renders():
+    """zero_config.py records no bin share where tuned never converged (the A100's diurnal day)."""
+    cell = {"start": "defaults", "tuned_over_best_static": 0.965, "after_convergence_over_best_static": None,
+            "convergence_s": None, "violating_bins_after_convergence": None}
+    assert render.violating(cell) == (None, None)
+    assert not render.meets(cell) and not render.meets(cell, strict=False)
+    assert render.cell_text(cell) == "0.965 / never"
