@@ -2,9 +2,9 @@
 simulator.
 
 On the 2-core daemon a step takes +-20-40% of what the model predicts for its shape (other threads,
-the HTTP server, caches): live over predicted was 0.88 at the median, 1.26 at the 90th and 1.95 at the
-99th percentile on a 2-core Xeon (`autotuned-serve tuner status`, cost_model.live_over_predicted). So
-the scheduler prices deadlines at the 90th percentile (simulation.live_cost_model) and about one
+the HTTP server, caches): on a 2-core Xeon the 90th percentile of live over predicted was 1.28-1.38x
+its median and the 99th 1.75-1.80x (the warm starts' log lines in
+docs/results/live_static_grid_xeon/scatter_refine/daemon-tuned.tuner.log). So the scheduler prices deadlines at the 90th percentile (simulation.live_cost_model) and about one
 slack-filled step in ten still overruns. A simulator that runs every step exactly as predicted has no
 such overruns, and the tuner's warm start, which ranks configurations in it, ranked slack-filling
 long steps first (docs/tuning.md). With the scatter in it, each simulated step takes the prediction
