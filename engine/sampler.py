@@ -66,7 +66,8 @@ class Sampler:
 
 def _top_k(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
     vocab = logits.shape[1]
-    k = torch.tensor([k if k > 0 else vocab for k in ks], device=logits.device).clamp(max=vocab)
+    # clamped before the tensor: a top_k past the vocabulary (any int the API takes) cuts nothing
+    k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in ks], device=logits.device)
     kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
     return logits.masked_fill(logits < kth, float("-inf"))
 

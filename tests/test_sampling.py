@@ -17,6 +17,12 @@ def test_top_k_keeps_k_best():
     assert not torch.isinf(out[1]).any()
 
 
+def test_a_top_k_past_the_vocabulary_cuts_nothing():
+    """Any int the API accepts (the fuzz test sent 2**63, which overflowed a tensor: a 500)."""
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    assert torch.equal(_top_k(logits, [2**63]), logits) and torch.equal(_top_k(logits, [4]), logits)
+
+
 def test_top_p_keeps_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     assert torch.isinf(_top_p(logits, torch.tensor([0.8]))).tolist() == [[False, False, True, True]]
