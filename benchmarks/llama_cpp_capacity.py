@@ -98,6 +98,8 @@ class ProbeRow:
     tbt_p99_s: float | None
     num_failed: int
     goodput_rps: float | None
+    ttft_p50_late_s: float | None = None     # the probe's later-arriving half (loadgen.capacity: sustained)
+    slo_attainment: float | None = None
 
 
 @dataclass
@@ -310,7 +312,8 @@ def probe_rows(capacity: dict[str, Any]) -> list[ProbeRow]:
     for p in capacity["probes"]:
         s = p["summary"]
         rows.append(ProbeRow(p["qps"], p["passed"], s.get("ttft_p50_s"), s.get("tbt_p99_s"),
-                             s.get("num_failed", 0), s.get("goodput_rps")))
+                             s.get("num_failed", 0), s.get("goodput_rps"), s.get("ttft_p50_late_s"),
+                             s.get("slo_attainment")))
     return rows
 
 
@@ -436,8 +439,8 @@ def render_live_grid(sources: list[Path]) -> str:
     """docs/tuning.md's live static grid (#32): each run's daemon configs, capacity and probes, and
     each one's ratio to the best untuned config of its own run (runs differ in their probe rates; a
     run of one config has no ratio)."""
-    rows = ["| run | config | capacity (req/s) | first failing (req/s) | probes: rate, P50 TTFT / P99 TBT (s) "
-            "| x best untuned of the run |", "|---|---|---:|---:|---|---:|"]
+    rows = ["| run | config | capacity (req/s) | first failing (req/s) | probes: rate, P50 TTFT (its later "
+            "half's, where recorded) / P99 TBT (s) | x best untuned of the run |", "|---|---|---:|---:|---|---:|"]
     for source in sources:
         run = json.loads(source.read_text())
         untuned = [s["capacity_qps"] for s in run["servers"]
@@ -451,7 +454,9 @@ def render_live_grid(sources: list[Path]) -> str:
 
 
 def _probe_text(p: dict[str, Any]) -> str:
-    return (f"{p['qps']:.4g}: {fmt(p['ttft_p50_s'], '.2f')} / {fmt(p['tbt_p99_s'], '.3f')}"
+    late = p.get("ttft_p50_late_s")
+    late_text = "" if late is None else f" ({late:.2f})"
+    return (f"{p['qps']:.4g}: {fmt(p['ttft_p50_s'], '.2f')}{late_text} / {fmt(p['tbt_p99_s'], '.3f')}"
             + ("" if p["passed"] else " (fail)"))
 
 

@@ -87,3 +87,33 @@ def test_a_short_probe_passes_a_rate_a_sustained_one_fails():
     sustained = simulated_probe(workload, cost, "sarathi", Knobs(token_budget=128), SloClass(), 60, min_duration_s=60)
     assert criteria.passes(burst(4.0).as_dict())
     assert not criteria.passes(sustained(4.0).as_dict())
+
+
+def test_a_probe_whose_later_half_queues_past_the_bound_fails():
+    """The whole probe's P50 TTFT within the bound does not pass a probe whose queue grew: the
+    later-arriving half must meet it too (unless told otherwise, or a summary predates the field)."""
+    falling_behind = {"num_requests": 200, "num_finished": 200, "ttft_p50_s": 1.8, "ttft_p50_late_s": 5.4,
+                      "tbt_p99_s": 0.15}
+    assert not CapacityCriteria().passes(falling_behind)
+    assert CapacityCriteria(sustained=False).passes(falling_behind)
+    assert CapacityCriteria().passes(falling_behind | {"ttft_p50_late_s": 1.9})
+    assert CapacityCriteria().passes({k: v for k, v in falling_behind.items() if k != "ttft_p50_late_s"})
+
+
+def test_the_later_half_counts_unserved_requests_as_never_served():
+    from engine.outputs import RequestRecord
+    from telemetry.latency_summary import late_ttft_p50
+
+    def record(arrival: float, ttft: float | None) -> RequestRecord:
+        first = None if ttft is None else arrival + ttft
+        return RequestRecord(f"r{arrival}", arrival, first, arrival + 10, () if first is None else (first,), 10,
+                             1, 1, "length" if first is not None else "abort", 0)
+
+    steady = [record(t, 0.5) for t in range(8)]
+    growing = [record(t, 0.2 * t) for t in range(8)]           # the later half waits 0.8-1.4 s
+    assert late_ttft_p50(steady) == pytest.approx(0.5)
+    assert late_ttft_p50(growing) == pytest.approx(1.1)         # median of 0.8, 1.0, 1.2, 1.4
+    assert late_ttft_p50(list(reversed(growing))) == pytest.approx(1.1)   # by arrival, not list order
+    cut_off = [record(t, 0.5) for t in range(5)] + [record(t, None) for t in range(5, 8)]
+    assert late_ttft_p50(cut_off) == float("inf")             # 3 of the later 4 never got a token
+    assert late_ttft_p50([]) is None
