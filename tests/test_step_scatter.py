@@ -60,11 +60,12 @@ def test_the_simulator_times_steps_with_draws_and_prices_them_at_the_live_percen
     assert plain.scheduler.cost is base and plain.scatter is None
 
 
-def test_under_live_scatter_a_short_cap_serves_more_than_slack_filling_steps():
-    """The reason for it: exactly as predicted, steps that fill each decode's TBT slack (cap 2048, the
-    default) serve more than 64-token steps at 1.6 requests/s on the shipped AVX-512 calibration; with
-    steps scattered as on the 2-core daemon the filled steps overrun the TBT bound and the short cap
-    serves more, as measured live (docs/tuning.md)."""
+def test_under_iid_scatter_a_short_cap_serves_more_than_slack_filling_steps():
+    """What the scatter does to a ranking: exactly as predicted, steps that fill each decode's TBT slack
+    (cap 2048, the default) serve more than 64-token steps at 1.6 requests/s on the shipped AVX-512
+    calibration; with every step scattered i.i.d. the filled steps overrun the TBT bound and the short
+    cap serves more. Live, judged on sustained probes, the ranking is the exact one (docs/tuning.md),
+    which is why the warm start simulates without the scatter."""
     base = CostModel.load(CPU_MODEL)
     specs = generate(load_workload("chat"), qps=1.6, num_requests=200, seed=0)
 
@@ -96,5 +97,5 @@ def test_the_live_scatter_is_taken_about_each_weights_paths_own_speed():
         live.on_step(StepRecord(i, float(i), factor * base.predict(shape), shape.num_prefill_tokens,
                                 shape.num_decode_tokens, 1, shape.num_sampled, 0, 0, 0.1, shape.context_tokens,
                                 shape.attended_pairs, shape.num_seqs, 0.0, 0.0, 0.0, 0.0, "deadline", 0))
-    scatter = live.current().step_scatter
+    scatter = live.current(scatter=True).step_scatter
     assert factor_at(scatter, 0.01) == pytest.approx(1.0) and factor_at(scatter, 0.99) == pytest.approx(1.0)
