@@ -72,6 +72,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import results_file  # noqa: E402  (beside this script)
+from server_health import wait_healthy  # noqa: E402
 from telemetry.other_load import OtherLoad  # noqa: E402
 
 TARGET_RATIO = 1.3            # #15: the daemon against llama.cpp's best step size
@@ -241,16 +242,8 @@ def start_server(spec: ServerSpec, log_path: str, port: int, timeout_s: float) -
     # process): inherited, it puts llama.cpp's OpenMP threads to sleep between ops
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     proc = subprocess.Popen(spec.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{spec.name} exited with {proc.returncode} during start-up; see {log_path}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
+    if wait_healthy(proc, f"http://127.0.0.1:{port}/health", timeout_s, spec.name, log_path):
+        return proc
     stop_server(proc)
     raise RuntimeError(f"{spec.name} was not healthy within {timeout_s:g} s; see {log_path}")
 

@@ -19,9 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
-import httpx
 import numpy as np
 
 # prefill tokens in the step: decode-only, then chunk sizes
@@ -47,13 +45,17 @@ def serve_logged(log_path: str, argv: list[str]) -> int:
 
 
 def run_daemon_and_bench(args: argparse.Namespace, workdir: str, log_path: str) -> dict:
+    # imported here, in the parent only: the child runs this file under -P, without its folder on sys.path
+    from server_health import wait_healthy
+
     serve = ["serve", "--state-dir", os.path.join(workdir, "state"), "--port", str(args.port), "--no-tune",
              *args.serve_arg]
     with open(os.path.join(workdir, "daemon.log"), "w") as daemon_log:
         proc = subprocess.Popen([sys.executable, "-P", os.path.abspath(__file__), "--serve-logged", log_path, "--", *serve],
                                 stdout=daemon_log, stderr=subprocess.STDOUT)
         try:
-            wait_healthy(proc, args.port)
+            if not wait_healthy(proc, f"http://127.0.0.1:{args.port}/health", 600, "the daemon", daemon_log.name):
+                raise RuntimeError(f"the daemon was not healthy within 600 s; see {daemon_log.name}")
             bench = subprocess.run([sys.executable, "-P", "-m", "serving.cli", "bench", "--base-url",
                                     f"http://127.0.0.1:{args.port}", "--qps", str(args.qps), "--num-requests",
                                     str(args.num_requests), "--seed", str(args.seed), "--no-progress"],
@@ -64,34 +66,18 @@ def run_daemon_and_bench(args: argparse.Namespace, workdir: str, log_path: str) 
     return json.loads(bench.stdout[bench.stdout.index("{"):])
 
 
-def wait_healthy(proc: subprocess.Popen, port: int, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the daemon exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"the daemon was not healthy within {timeout_s:.0f} s")
-
-
 def ratios_by_kind(steps: list[dict]) -> list[dict]:
-    """Per bucket of prefill tokens: steps, median duration, live over predicted at p50/p90/p99."""
-    rows = []
-    for low, high in BUCKETS:
-        kind = [s for s in steps if low <= s["prefill"] <= high]
-        if not kind:
-            continue
-        ratio = np.array([s["duration_s"] / s["predicted_s"] for s in kind])
-        p50, p90, p99 = np.percentile(ratio, (50, 90, 99))
-        rows.append({"prefill_tokens": [low, high], "steps": len(kind),
-                     "duration_p50_s": float(np.median([s["duration_s"] for s in kind])),
-                     "ratio_p50": float(p50), "ratio_p90": float(p90), "ratio_p99": float(p99),
-                     "p90_over_p50": float(p90 / p50)})
-    return rows
+    """ratio_row of each bucket of prefill tokens that has steps."""
+    buckets = [(bounds, [s for s in steps if bounds[0] <= s["prefill"] <= bounds[1]]) for bounds in BUCKETS]
+    return [{"prefill_tokens": list(bounds)} | ratio_row(kind) for bounds, kind in buckets if kind]
+
+
+def ratio_row(steps: list[dict]) -> dict:
+    """Their count, median duration, and live over predicted at p50/p90/p99."""
+    ratio = np.array([s["duration_s"] / s["predicted_s"] for s in steps])
+    p50, p90, p99 = np.percentile(ratio, (50, 90, 99))
+    return {"steps": len(steps), "duration_p50_s": float(np.median([s["duration_s"] for s in steps])),
+            "ratio_p50": float(p50), "ratio_p90": float(p90), "ratio_p99": float(p99), "p90_over_p50": float(p90 / p50)}
 
 
 def main() -> None:
@@ -105,7 +91,6 @@ def main() -> None:
     p.add_argument("--serve-arg", action="append", default=[], help="passed to `serve` (repeat: --serve-arg=--token-budget --serve-arg=64)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_common import emit_summary
 
     with tempfile.TemporaryDirectory() as workdir:
@@ -113,7 +98,7 @@ def main() -> None:
         bench = run_daemon_and_bench(args, workdir, log_path)
         with open(log_path) as f:
             steps = [s for s in map(json.loads, f) if s["running"] > 0]
-    pooled = ratios_by_kind([s | {"prefill": 0} for s in steps])[0] | {"prefill_tokens": "all"}
+    pooled = {"prefill_tokens": "all"} | ratio_row(steps)
     emit_summary({"qps": args.qps, "num_requests": args.num_requests, "serve_args": args.serve_arg,
                   "bench": {k: bench[k] for k in ("ttft_p50_s", "tbt_p99_s", "slo_attainment", "request_throughput_rps")},
                   "pooled": pooled, "by_prefill_tokens": ratios_by_kind(steps)}, args.json)

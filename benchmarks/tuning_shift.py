@@ -21,15 +21,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
 import yaml
 
 from bench_common import MachineInfo, emit_summary
+from server_health import wait_healthy
 from loadgen.bench_client import BenchOptions, BenchRun, make_prompts, run_bench
 from loadgen.prompts import PromptSource, load_prompt_tokenizer
 from autotuner.search_space import load_search_space
@@ -78,17 +77,8 @@ def start_daemon(settings: dict, workdir: str) -> subprocess.Popen:
     log = open(os.path.join(workdir, "daemon.log"), "w")
     proc = subprocess.Popen([sys.executable, "-m", "serving.cli", "serve", "--config", config],
                             stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{settings['port']}/health"   # 200 once the model is loaded
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the daemon exited with {proc.returncode}; see {log.name}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
+    if wait_healthy(proc, f"http://127.0.0.1:{settings['port']}/health", 300, "the daemon", log.name):
+        return proc
     proc.kill()
     raise RuntimeError(f"the daemon did not come up within 300 s; see {log.name}")
 

@@ -1,0 +1,26 @@
+"""Waiting for a server a benchmark started to load its model: the one /health loop the scripts share.
+Light on imports (httpx only), so scripts that keep torch out of their own process can use it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import httpx
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, name: str, log_path: str) -> bool:
+    """Polls `url` (the server's /health; both servers answer 503 while loading) once a second until it
+    answers 200: True; False once `timeout_s` has passed (the caller stops the server). RuntimeError
+    if `proc` exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} during start-up; see {log_path}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    return False
