@@ -32,7 +32,7 @@ def serve_logged(log_path: str, argv: list[str]) -> int:
     from simulation.cost_model import StepShape
     from simulation.live_cost_model import LiveCostModel
 
-    out = open(log_path, "w", buffering=1 << 16)
+    out = open(log_path, "w", buffering=1)   # a line a step: nothing is flushed at the daemon's exit
     on_step = LiveCostModel.on_step
 
     def logged(self: LiveCostModel, record) -> None:
