@@ -120,7 +120,7 @@ class LiveCostModel:
         """The calibration scaled to the live machine by `quantile` of its live-over-predicted ratios (for
         the warm start's simulations); with `scatter`, carrying the live scatter around them. The warm
         start simulates without it: drawn i.i.d. for every step, the scatter (mostly that of ~10-ms
-        decode steps) overran slack-filling steps that live ran within 7-12% of their median, and ranked a
+        decode steps) overran slack-filling steps that live ran within 8-10% of their median, and ranked a
         64-token cap over the defaults, which sustained 1.25x it live (docs/simulator.md)."""
         model, spread = self._scaled(quantile), self.step_scatter() if scatter else ()
         return replace(model, step_scatter=spread) if spread else model
