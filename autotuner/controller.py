@@ -38,6 +38,8 @@ SLO_HEADROOM = 0.15       # within this share of a latency SLO, exploration may 
 LONGER_STEPS = ("token_budget", "step_headroom", "error_budget")   # raising these lengthens steps or gaps
 FASTER_PREFILL = ("token_budget", "step_headroom")                 # lowering these slows prefills
 MIN_FINISHED = 5          # finished requests the longest window needs to count at all
+SATURATED = 0.95          # a window whose engine was busy this share of it could not have served faster
+OVERLOAD_HOLD_S = 300.0   # per regime, how long the warm start's picks are held through overloaded windows
 
 
 def sizes_steps_by_time(policy: str) -> bool:
@@ -92,6 +94,7 @@ class Controller:
         self._since_recheck = 0
         self._drift_seen: float | None = None     # when the drift detector last fired
         self._thin_reference = False              # the drift reference was read from too few requests
+        self._overload_held_s = 0.0               # this regime's windows discarded as overloaded (seconds)
         self._lock = threading.Lock()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []   # decisions, for metrics and logs
 
@@ -222,6 +225,7 @@ class Controller:
         self._decide("drift" if previous else "regime", None, self.target.knobs(), None, observed,
                      previous=previous.key if previous else None)
         self.anchor, self.picks = None, []
+        self._overload_held_s = 0.0
         if self.warm_start and not self._completed():   # also back in a regime that measured nothing yet
             for params in self._warm_start_picks(regime, observed):
                 self.picks.append(params)
@@ -439,7 +443,8 @@ class Controller:
             if self._workload_changed():             # a window mixing two workloads; the next step switches regimes
                 return self._fail(trial, "discarded", "the workload changed during the window")
             partial = self.target.window(length * quarter / 4)
-            if quarter < 4 and self._should_abort(partial) and not self._held(trial, incumbent):
+            if quarter < 4 and self._should_abort(partial) and not self._held(trial, incumbent) \
+                    and not self._overloaded(trial, partial):
                 # a real (short) measurement: told as such, so a bad incumbent loses its place too
                 result = self._score(partial)
                 trial.set_user_attr("aborted", True)
@@ -450,7 +455,27 @@ class Controller:
         window = self.target.window(length)
         if window.num_finished < self._least_finished(length):
             return self._fail(trial, "discarded", f"{window.num_finished} requests finished in the window")
+        if self._overloaded(trial, window):
+            self._overload_held_s += length
+            reason = f"overloaded: P50 TTFT {window.ttft_p50_s:.2f} s with the engine busy {window.busy_fraction:.0%}"
+            self._decide("overload", trial.number, self._knobs_for(self.space.snap(trial.params)), None, window,
+                         held=reason)
+            return self._fail(trial, "discarded", reason)
         return window
+
+    def _overloaded(self, trial: optuna.Trial, window: WindowSummary) -> bool:
+        """A window of the warm start's pick that a backlog decided: P50 TTFT over its bound while the
+        steps kept P99 TBT within its own, and the engine busy all along, so no configuration could
+        have served that backlog faster than this one can show. Such a window says nothing about the
+        pick: it stays first, up to OVERLOAD_HOLD_S per regime (a pick that cannot keep up where
+        another could is then judged). Live, a capacity search's first probe (beyond capacity) and
+        its drain judged all three picks this way (P50 TTFT 7.5-17.7 s, P99 TBT 0.18-0.23 s of
+        0.25), and a TPE sample measured at a lower rate took their place as the incumbent."""
+        if trial.user_attrs.get("source") != "warm-start" or self._overload_held_s >= OVERLOAD_HOLD_S:
+            return False
+        queued = window.ttft_p50_s is not None and window.ttft_p50_s > self.slo.ttft_s
+        steps_within = window.tbt_p99_s is None or window.tbt_p99_s <= self.slo.tbt_s
+        return queued and steps_within and window.busy_fraction >= SATURATED
 
     def _held(self, trial: optuna.Trial, incumbent: dict[str, Any]) -> bool:
         """A re-check of an incumbent held because windows are too thin to rank configurations: it

@@ -34,6 +34,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--qps", type=float, default=0.8, help="chat rate, near the daemon's capacity (default 0.8)")
     p.add_argument("--duration", type=float, default=480.0, help="seconds of arrivals per start (default 480)")
     p.add_argument("--starts", nargs="+", default=list(WRONG_STARTS), choices=list(WRONG_STARTS))
+    p.add_argument("--left-alone", nargs="*", default=[], choices=list(WRONG_STARTS),
+                   help="these starts also run with the tuner off, on the same requests: what each loses left alone")
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
     p.add_argument("--slo-tbt-s", type=float, default=0.25)
     p.add_argument("--port", type=int, default=8132)
@@ -52,11 +54,7 @@ def met_again_s(verdicts: list[bool]) -> float | None:
 
 def run_start(name: str, specs: list, prompts: list, slo: SloClass, args: argparse.Namespace) -> dict:
     policy, knobs = WRONG_STARTS[name]
-    workdir = tempfile.mkdtemp(prefix=f"wrong_start_{name}_")
-    state_dir = os.path.join(workdir, "state")
-    settings = {"port": args.port, "state_dir": state_dir, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
-                "tune": True, "policy": policy, "knobs": knobs}
-    run, records = bench_daemon(settings, workdir, specs, prompts, slo, drain_s=300)
+    run, records, state_dir, workdir = serve_from(name, True, specs, prompts, slo, args)
     verdicts = bin_verdicts(records, slo, BIN_S)
     recovered = met_again_s(verdicts)
     after = [r for r in records if recovered is not None and r.arrival >= recovered]
@@ -68,7 +66,30 @@ def run_start(name: str, specs: list, prompts: list, slo: SloClass, args: argpar
               "controller": controller_windows(state_dir), "workdir": workdir}
     print(f"{name}: met again at {recovered} s; bins {''.join('+' if v else '-' for v in verdicts)}; "
           f"attainment {run.summary.slo_attainment}", file=sys.stderr)
+    if name in args.left_alone:
+        result["left_alone"] = run_left_alone(name, specs, prompts, slo, args)
     return result
+
+
+def serve_from(name: str, tune: bool, specs: list, prompts: list, slo: SloClass, args: argparse.Namespace):
+    """One daemon started from the named configuration, serving `specs`: (run, records, state dir, workdir)."""
+    policy, knobs = WRONG_STARTS[name]
+    workdir = tempfile.mkdtemp(prefix=f"wrong_start_{name}_{'tuned' if tune else 'alone'}_")
+    state_dir = os.path.join(workdir, "state")
+    settings = {"port": args.port, "state_dir": state_dir, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
+                "tune": tune, "policy": policy, "knobs": knobs}
+    run, records = bench_daemon(settings, workdir, specs, prompts, slo, drain_s=300)
+    return run, records, state_dir, workdir
+
+
+def run_left_alone(name: str, specs: list, prompts: list, slo: SloClass, args: argparse.Namespace) -> dict:
+    """The same start with the tuner off: what it costs when nobody corrects it."""
+    run, records, _, workdir = serve_from(name, False, specs, prompts, slo, args)
+    verdicts = bin_verdicts(records, slo, BIN_S)
+    print(f"{name} left alone: bins {''.join('+' if v else '-' for v in verdicts)}; "
+          f"attainment {run.summary.slo_attainment}", file=sys.stderr)
+    return {"goodput_rps": run.summary.goodput_rps, "slo_attainment": run.summary.slo_attainment,
+            "failed": run.summary.num_failed, "bins_met": verdicts, "workdir": workdir}
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from autotuner.controller import Controller, ControllerSettings, best_configuration
+from autotuner.controller import OVERLOAD_HOLD_S, Controller, ControllerSettings, best_configuration
 from autotuner.regime import DriftDetector
 from autotuner.search_space import load_search_space
 from autotuner.simulated_tuning import (RunResult, evaluate_static, per_phase_best_goodput, tune_on_simulator,
@@ -280,6 +280,33 @@ def test_a_warm_start_pick_too_thin_to_judge_stays_first(cost, tmp_path):
         assert controller._measure(trial, incumbent) is None
         assert controller.picks == [pick]
     assert all("requests finished in the window" in t.user_attrs["discarded"] for t in controller.study.trials)
+
+
+def test_a_warm_start_pick_is_held_through_an_overload_for_a_while(cost, tmp_path):
+    """Beyond capacity a backlog decides P50 TTFT whatever the configuration: the warm start's pick
+    is not judged on such windows (discarded, logged as "overload", measured again next), for up
+    to OVERLOAD_HOLD_S per regime; after that it is judged like any trial. Live, a capacity
+    search's first probe judged all three picks this way and a TPE sample took their place."""
+    sim, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=128, max_num_seqs=16))
+    controller.settings = settings(min_requests=10)  # 16 sequences finish ~8 a 10-s window
+    sim.submit(steady(3.0, 1200, seed=3))           # 2.5x the machine's chat capacity
+    sim.run_until(120.0)
+    controller.study = optuna.create_study(direction="maximize")
+    incumbent = controller.incumbent()
+    pick = controller.space.snap(incumbent | {"token_budget": 128, "max_num_seqs": 16})   # steps within the TBT bound
+    controller.picks = [pick]
+    held = 0.0
+    while held < OVERLOAD_HOLD_S:
+        trial, params = controller._ask(incumbent, recheck=False)
+        assert params == pick and trial.user_attrs["source"] == "warm-start"
+        assert controller._measure(trial, incumbent) is None and controller.picks == [pick]
+        assert trial.user_attrs.get("discarded", "").startswith("overloaded")
+        held = controller._overload_held_s
+    trial, params = controller._ask(incumbent, recheck=False)
+    window = controller._measure(trial, incumbent)             # judged now: the pick cannot keep up
+    assert window is not None and window.ttft_p50_s > SLO_.ttft_s and not controller.picks
+    decisions = [json.loads(line) for line in controller.state.decisions_path.read_text().splitlines()]
+    assert [d["action"] for d in decisions].count("overload") >= 2
 
 
 def test_window_settings_are_checked():

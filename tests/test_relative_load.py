@@ -11,7 +11,7 @@ from loadgen.workload import generate, load_workload
 from policies import Knobs
 from serving.cli import main
 from simulation.cost_model_files import SHIPPED_COST_MODEL, find_cost_model
-from simulation.relative_load import base_rate, simulated_capacity
+from simulation.relative_load import base_rate, peak_phases, simulated_capacity
 from simulation.workload_run import simulate
 from engine.slo_class import SloClass
 
@@ -53,3 +53,23 @@ def test_simulate_runs_at_the_load_by_default(capsys):
     assert out["load"] == 0.8 and out["qps"] == pytest.approx(0.8 * out["simulated_capacity_qps"], rel=1e-4)
     assert "of the simulated capacity" in captured.err
     assert main(["simulate", "--qps", "1", "--load", "0.5", "--requests", "5"]) == 2
+
+
+def test_each_kind_of_traffic_is_probed_alone_at_its_peak_rate():
+    """A day's peak hours and a shift's summarization phase set the capacity: probed as a whole,
+    they were a few of a probe's requests, and 0.6 of that capacity overloaded the peak."""
+    chat = load_workload("chat")
+    assert peak_phases(chat) == [chat]
+    (day,) = peak_phases(load_workload("diurnal"))             # 24 hours of one kind of traffic
+    assert day.phases[0].rate == 1.0 and day.phases[0].arrival.process == "poisson"
+    kinds = peak_phases(load_workload("shift"))                # chat-1 and chat-2 are one kind
+    assert [(w.phases[0].lengths == load_workload("chat").phases[0].lengths, w.phases[0].rate) for w in kinds] \
+        == [(True, 1.0), (False, 0.2)]
+
+
+def test_the_hardest_kind_of_traffic_sets_the_capacity():
+    cost, slo = find_cost_model(str(SHIPPED_COST_MODEL)), SloClass(ttft_s=10.0, tbt_s=0.25)
+    shift = load_workload("shift")
+    per_kind = [simulated_capacity(kind, cost, slo) for kind in peak_phases(shift)]
+    assert simulated_capacity(shift, cost, slo) == min(per_kind)
+    assert per_kind[1] < per_kind[0]      # summarization's long prompts, even at a fifth of the rate
