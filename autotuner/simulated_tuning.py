@@ -12,7 +12,7 @@ import numpy as np
 
 from optuna.trial import TrialState
 
-from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings, best_configuration
+from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings, chosen_configuration
 from autotuner.search_space import SearchSpace, load_search_space
 from autotuner.static_grid import grid_points
 from simulation.workload_run import make_simulator, shares_prefixes, simulate
@@ -205,7 +205,7 @@ def regime_summaries(controller: Controller) -> list[dict[str, Any]]:
     for key in controller.state.regimes():
         study = controller.state.study_by_key(key)
         trials = study.get_trials(deepcopy=False)
-        best = best_configuration(trials, controller.space)
+        best = chosen_configuration(trials, controller.space, controller.settings.nothing_to_win)
         out.append({"regime": key, "trials": len(trials),
                     "completed": sum(t.state is TrialState.COMPLETE for t in trials),
                     "chosen": best[0] if best else None, "chosen_value": best[1] if best else None})

@@ -117,7 +117,8 @@ def _row(cells: list[str]) -> str:
 def render_live(live: dict[str, Any]) -> str:
     """The live daemon started from each wrong configuration, the tuner on."""
     head = ["start", "30-s bins meeting the SLO", "SLO met for good from", "SLO attainment", "goodput (req/s)",
-            "tuning windows (violating)", "first tuning window ends at"]
+            "tuning windows (violating)", "first tuning window ends at", "left alone: bins meeting the SLO, "
+            "attainment, goodput"]
     lines = [f"Live, {live['machine']['cpu_model']} ({live['machine']['nproc']} cores), bundled SmolLM2, chat at "
              f"{live['qps']} req/s for {live['duration_s']:.0f} s ({live['num_requests']} requests), "
              f"SLO {live['slo']['ttft_s']} s / {live['slo']['tbt_s']} s, tuner on:", "", _row(head),
@@ -128,8 +129,16 @@ def render_live(live: dict[str, Any]) -> str:
         met = "never" if r["slo_met_again_s"] is None else f"{r['slo_met_again_s']:.0f} s"
         lines.append(_row([name, f"{sum(r['bins_met'])} of {len(r['bins_met'])}", met,
                            f"{r['slo_attainment']:.1%}", f"{r['goodput_rps']:.3f}",
-                           f"{c['tuning_windows']} ({c['violating']})", first]))
+                           f"{c['tuning_windows']} ({c['violating']})", first, _left_alone(r.get("left_alone"))]))
     return "\n".join(lines)
+
+
+def _left_alone(run: dict[str, Any] | None) -> str:
+    """The same start with the tuner off (wrong_start_live.py --left-alone); not run: a dash."""
+    if run is None:
+        return "-"
+    return (f"{sum(run['bins_met'])} of {len(run['bins_met'])}, {run['slo_attainment']:.1%}, "
+            f"{run['goodput_rps']:.3f}")
 
 
 def render_floor(rows: list[dict[str, Any]]) -> str:

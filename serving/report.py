@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
-from autotuner.controller import best_configuration, paused_line
+from autotuner.controller import ControllerSettings, chosen_configuration, paused_line
 from autotuner.search_space import load_search_space
 
 DB_NAME = "tuner.db"
@@ -78,7 +78,7 @@ class RegimeReport:
     distributions: dict[str, str]    # Optuna's JSON per param, so plots can be redrawn from the report alone
     trials: tuple[TrialRow, ...]     # rejected trials never ran: counted, not listed
     counts: TrialCounts
-    chosen: Chosen | None            # the controller's incumbent (controller.best_configuration)
+    chosen: Chosen | None            # the controller's incumbent (controller.chosen_configuration)
     before: Outcome | None           # the regime's first tuning window
     after: Outcome | None            # the tuning windows that ran the chosen configuration
     tuning_windows: int              # tuning windows whose SLO verdict is known
@@ -249,10 +249,11 @@ def _trial_row(trial: Any) -> TrialRow:
 
 
 def _chosen(trials: list[Any]) -> Chosen | None:
-    """What the controller itself would run: the best mean over a configuration's windows (minus a
-    noise margin) among those meeting the SLO on average; named by its first trial."""
+    """What the controller itself would run (`chosen_configuration`): the best mean over a
+    configuration's windows (minus a noise margin) among those meeting the SLO on average, those
+    serving (nearly) every request first; named by its first trial."""
     space = load_search_space()
-    best = best_configuration(trials, space)
+    best = chosen_configuration(trials, space, ControllerSettings.load().nothing_to_win)
     if best is None:
         return None
     params, value = best

@@ -10,7 +10,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from autotuner.controller import OVERLOAD_HOLD_S, Controller, ControllerSettings, best_configuration
+from autotuner.controller import (OVERLOAD_HOLD_S, Controller, ControllerSettings, best_configuration,
+                                  chosen_configuration)
 from autotuner.regime import DriftDetector
 from autotuner.search_space import load_search_space
 from autotuner.simulated_tuning import (RunResult, evaluate_static, per_phase_best_goodput, tune_on_simulator,
@@ -414,6 +415,34 @@ def test_an_incumbent_serving_every_request_is_not_explored_away_from(cost, tmp_
     assert action_after(1.0, queued=True) == "recheck"     # the warm start's other picks wait too
     assert action_after(0.9, queued=True) == "trial"
     assert action_after(0.9) == "trial"
+
+
+def test_a_configuration_serving_every_request_stays_the_incumbent_through_a_noisy_window(cost, tmp_path):
+    """Live (wrong start sarathi-32 at 1.5 requests/s): the warm start's pick served 100% of its
+    requests within the SLO in five windows of six, but one window of 21 finished requests read
+    0.71 of the offered ones; by mean value another pick at 97.7% overtook it, exploration reopened
+    and a TPE sample broke a 30-s bin. Among configurations serving >= nothing_to_win, value does not
+    rank: the one serving every request stays the incumbent and exploration stays paused."""
+    _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
+    space = load_search_space()
+    steady_pick = space.snap({"token_budget": 2048, "step_headroom": 1.0, "error_budget": 0.0})
+    other_pick = space.snap({"token_budget": 832, "max_num_seqs": 62, "step_headroom": 0.986})
+    controller.study = optuna.create_study(direction="maximize")
+    for params, value, attainment in [(steady_pick, 1.009, 1.0), (steady_pick, 1.008, 1.0), (steady_pick, 0.709, 1.0),
+                                      (steady_pick, 0.911, 0.959), (other_pick, 0.963, 0.977)]:
+        controller.study.add_trial(create_trial(
+            params=params, distributions=space.distributions(), value=value,
+            constraints={"ttft_p50": -1.5, "tbt_p99": -0.03},
+            user_attrs={"window": {"ttft_p50_s": 0.4, "tbt_p99_s": 0.22, "slo_attainment": attainment}}))
+    trials = controller._completed()
+    assert best_configuration(trials, space)[0] == other_pick          # by value alone: the noise wins
+    assert controller.incumbent() == steady_pick
+    assert controller._next_action(controller.incumbent()) == "recheck" and controller.attainment_held is not None
+    # one that serves every request it finishes but finishes half the offered ones (falling behind) does not win
+    behind = [t for t in trials if space.snap(t.params) == other_pick] + [create_trial(
+        params=steady_pick, distributions=space.distributions(), value=0.5, constraints={"ttft_p50": -1.5, "tbt_p99": -0.03},
+        user_attrs={"window": {"slo_attainment": 1.0}})]
+    assert chosen_configuration(behind, space, controller.settings.nothing_to_win)[0] == other_pick
 
 
 def test_the_longest_window_counts_with_few_requests(cost, tmp_path):
