@@ -467,10 +467,9 @@ class Controller:
 
     def _overloaded(self, trial: optuna.Trial, window: WindowSummary) -> bool:
         """A window of the warm start's pick that a backlog decided: P50 TTFT over its bound while the
-        steps kept P99 TBT within its own, and the engine busy all along, so no configuration could
-        have served that backlog faster than this one can show. Such a window says nothing about the
-        pick: it stays first, up to OVERLOAD_HOLD_S per regime (a pick that cannot keep up where
-        another could is then judged). Live, a capacity search's first probe (beyond capacity) and
+        steps kept P99 TBT within its own, and the engine busy all along. Such a window measures the
+        load, not the pick: the pick stays first, up to OVERLOAD_HOLD_S per regime (a pick that cannot
+        keep up where another could is then judged). Live, a capacity search's first probe (beyond capacity) and
         its drain judged all three picks this way (P50 TTFT 7.5-17.7 s, P99 TBT 0.18-0.23 s of
         0.25), and a TPE sample measured at a lower rate took their place as the incumbent."""
         if trial.user_attrs.get("source") != "warm-start" or self._overload_held_s >= OVERLOAD_HOLD_S:
@@ -581,9 +580,9 @@ def chosen_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSp
     (WINDOW_VALUE_SPREAD) of it: goodput cannot rise above the offered load, and among
     configurations that both keep up the goodput share ranks noise. Live, one 21-request window of
     the warm start's pick at 100% within the SLO read 0.71 of the offered requests (the rest still
-    running), the pick lost its place to one at 97.7%, exploration reopened, and a TPE sample broke
-    the SLO for a 30-s bin. One serving every request it finishes but far fewer of them (falling
-    behind) does not win this way."""
+    running), the pick lost its place to one at 97.7%, exploration reopened, and a TPE sample
+    violated the SLO in its window. One serving every request it finishes but far fewer of them
+    (falling behind) does not win this way."""
     best = best_configuration(trials, space)
     steady = best_configuration(trials, space, serving_all)
     if best is not None and steady is not None and steady[1] >= best[1] - WINDOW_VALUE_SPREAD:
