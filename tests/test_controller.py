@@ -421,8 +421,8 @@ def test_a_configuration_serving_every_request_stays_the_incumbent_through_a_noi
     """Live (wrong start sarathi-32 at 1.5 requests/s): the warm start's pick served 100% of its
     requests within the SLO in five windows of six, but one window of 21 finished requests read
     0.71 of the offered ones; by mean value another pick at 97.7% overtook it, exploration reopened
-    and a TPE sample broke a 30-s bin. Among configurations serving >= nothing_to_win, value does not
-    rank: the one serving every request stays the incumbent and exploration stays paused."""
+    and a TPE sample violated its window. Within one window's noise of the best value, the one serving
+    >= nothing_to_win stays the incumbent and exploration stays paused."""
     _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
     space = load_search_space()
     steady_pick = space.snap({"token_budget": 2048, "step_headroom": 1.0, "error_budget": 0.0})
