@@ -298,9 +298,9 @@ class Controller:
     def _nothing_to_win(self, incumbent: dict[str, Any]) -> float | None:
         """The incumbent's mean SLO attainment over its latest windows when it is at least
         `nothing_to_win` (exploration pauses), else None."""
-        attainment = [w["slo_attainment"] for w in self._recent_windows(incumbent) if w.get("slo_attainment") is not None]
-        mean = sum(attainment) / len(attainment) if attainment else 0.0
-        return mean if attainment and mean >= self.settings.nothing_to_win else None
+        windows = [w for w in self._recent_windows(incumbent) if w.get("slo_attainment") is not None]
+        mean = mean_attainment(windows)
+        return mean if windows and mean >= self.settings.nothing_to_win else None
 
     def _too_few_requests(self, incumbent: dict[str, Any]) -> bool:
         """The incumbent's latest windows finished fewer than half of `min_requests` each on
@@ -604,7 +604,7 @@ def best_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSpac
     for key, group in groups.items():
         group = sorted(group, key=lambda t: t.number)[-RECENT_WINDOWS:]   # the present, not a backlog-free past
         names = {name for t in group for name in t.constraints}
-        if serving_all is not None and _mean_attainment(group) < serving_all:
+        if serving_all is not None and mean_attainment([t.user_attrs.get("window", {}) for t in group]) < serving_all:
             continue
         if names and all(sum(t.constraints.get(n, 0.0) for t in group) <= 0 for n in names):   # met on average
             mean = sum(t.value for t in group) / len(group)
@@ -614,10 +614,9 @@ def best_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSpac
     return best
 
 
-def _mean_attainment(trials: list[optuna.trial.FrozenTrial]) -> float:
-    """The mean SLO attainment of the trials' windows (0 when none recorded one)."""
-    shares = [t.user_attrs["window"]["slo_attainment"] for t in trials
-              if t.user_attrs.get("window", {}).get("slo_attainment") is not None]
+def mean_attainment(windows: list[dict[str, Any]]) -> float:
+    """The mean SLO attainment of measured windows (0 when none recorded one)."""
+    shares = [w["slo_attainment"] for w in windows if w.get("slo_attainment") is not None]
     return sum(shares) / len(shares) if shares else 0.0
 
 

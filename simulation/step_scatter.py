@@ -6,12 +6,12 @@ the HTTP server, caches): on a 2-core Xeon the 90th percentile of live over pred
 its median and the 99th 1.75-1.80x (the warm starts' log lines in
 docs/results/live_static_grid_xeon/scatter_refine/daemon-tuned.tuner.log). So the scheduler prices
 deadlines at the 90th percentile (simulation.live_cost_model) and about one slack-filled step in ten
-still overruns. A simulator that runs every step exactly as predicted has no
-such overruns. With the scatter in it, each simulated step takes the prediction times a draw from the
-live ratios (about their median), and the simulated scheduler prices at the same percentile as the
-live one. For what-ifs only: the pooled ratios are mostly those of decode steps, which scatter far
-more than slack-filling prefill steps (docs/results/step_ratios_xeon.json), so drawn i.i.d. they
-overrun long steps that live do not, and the warm start simulates without them (docs/simulator.md)."""
+still overruns. A simulator that runs every step exactly as predicted has no such overruns. With the
+scatter in it, each simulated step takes the prediction times a draw from the live ratios (about
+their median), and the simulated scheduler prices at the same percentile as the live one. For
+what-ifs only: the pooled ratios are mostly those of decode steps, which scatter far more than
+slack-filling prefill steps (docs/results/step_ratios_xeon.json), so drawn i.i.d. they overrun long
+steps that live do not, and the warm start simulates without them (docs/simulator.md)."""
 
 from __future__ import annotations
 
