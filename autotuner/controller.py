@@ -274,7 +274,8 @@ class Controller:
         even to the warm start's other picks: goodput cannot rise above the offered load, so a live
         trial could only lose requests (on shift-gpu, H100 profile, trust-region trials around such
         incumbents cost 9% of goodput and 7% of windows; on the CPU's mixed-classes, measuring the
-        other picks after a first one that served every request cost a third of the goodput). The
+        other picks after a first one that served every request cost a third of the goodput). Its
+        load dips (`load_dip`: the SLO met with the engine saturated) do not count against it. The
         warm start's picks go first otherwise."""
         completed = self._completed()
         self.attainment_held = None
@@ -296,11 +297,11 @@ class Controller:
         return bool(self.picks) or bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     def _nothing_to_win(self, incumbent: dict[str, Any]) -> float | None:
-        """The incumbent's mean SLO attainment over its latest windows when it is at least
-        `nothing_to_win` (exploration pauses), else None."""
-        windows = [w for w in self._recent_windows(incumbent) if w.get("slo_attainment") is not None]
-        mean = mean_attainment(windows)
-        return mean if windows and mean >= self.settings.nothing_to_win else None
+        """The incumbent's SLO attainment (`steady_attainment`) when it is at least `nothing_to_win`
+        (exploration pauses), else None."""
+        measured = [t for t in self._completed() if "window" in t.user_attrs and self.space.snap(t.params) == incumbent]
+        mean = steady_attainment(measured)
+        return mean if mean is not None and mean >= self.settings.nothing_to_win else None
 
     def _too_few_requests(self, incumbent: dict[str, Any]) -> bool:
         """The incumbent's latest windows finished fewer than half of `min_requests` each on
@@ -466,13 +467,17 @@ class Controller:
         return window
 
     def _overloaded(self, trial: optuna.Trial, window: WindowSummary) -> bool:
-        """A window of the warm start's pick that a backlog decided: P50 TTFT over its bound while the
-        steps kept P99 TBT within its own, and the engine busy all along. Such a window measures the
-        load, not the pick: the pick stays first, up to OVERLOAD_HOLD_S per regime (a pick that cannot
-        keep up where another could is then judged). Live, a capacity search's first probe (beyond capacity) and
-        its drain judged all three picks this way (P50 TTFT 7.5-17.7 s, P99 TBT 0.18-0.23 s of
-        0.25), and a TPE sample measured at a lower rate took their place as the incumbent."""
-        if trial.user_attrs.get("source") != "warm-start" or self._overload_held_s >= OVERLOAD_HOLD_S:
+        """A window of the warm start's pick or of the incumbent's re-check that a backlog decided: P50
+        TTFT over its bound while the steps kept P99 TBT within its own, and the engine busy all
+        along. Such a window measures the load, not the configuration: the pick stays first, the
+        incumbent stays, up to OVERLOAD_HOLD_S per regime (one that cannot keep up where another
+        could is then judged). Live, a capacity search's first probe (beyond capacity) and its drain
+        judged all three picks this way (P50 TTFT 7.5-17.7 s, P99 TBT 0.18-0.23 s of 0.25), and a
+        TPE sample measured at a lower rate took their place as the incumbent; at a fixed 1.5
+        requests/s (deadline-0.5 start), the incumbent's re-checks were judged and aborted in the
+        backlog a violating trial left (P50 TTFT 3.4-5.5 s, P99 TBT 0.21-0.23 s), so TPE went on
+        sampling into it."""
+        if trial.user_attrs.get("source") not in ("warm-start", "recheck") or self._overload_held_s >= OVERLOAD_HOLD_S:
             return False
         queued = window.ttft_p50_s is not None and window.ttft_p50_s > self.slo.ttft_s
         steps_within = window.tbt_p99_s is None or window.tbt_p99_s <= self.slo.tbt_s
@@ -601,10 +606,11 @@ def best_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSpac
         if t.state is TrialState.COMPLETE:
             groups.setdefault(tuple(sorted(space.snap(t.params).items())), []).append(t)
     best: tuple[dict[str, Any], float] | None = None
-    for key, group in groups.items():
-        group = sorted(group, key=lambda t: t.number)[-RECENT_WINDOWS:]   # the present, not a backlog-free past
+    for key, measured in groups.items():
+        measured = sorted(measured, key=lambda t: t.number)
+        group = measured[-RECENT_WINDOWS:]       # the present, not a backlog-free past
         names = {name for t in group for name in t.constraints}
-        if serving_all is not None and mean_attainment([t.user_attrs.get("window", {}) for t in group]) < serving_all:
+        if serving_all is not None and (steady_attainment(measured) or 0.0) < serving_all:
             continue
         if names and all(sum(t.constraints.get(n, 0.0) for t in group) <= 0 for n in names):   # met on average
             mean = sum(t.value for t in group) / len(group)
@@ -612,6 +618,28 @@ def best_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSpac
             if best is None or lower > best[1]:
                 best = (dict(key), lower)
     return best
+
+
+def steady_attainment(measured: list[optuna.trial.FrozenTrial]) -> float | None:
+    """One configuration's mean SLO attainment over its latest RECENT_WINDOWS windows (trials in
+    order), leaving out its load dips (`load_dip`) unless it was measured in nothing else; None if
+    no window recorded one."""
+    judged = [t for t in measured if not load_dip(t)] or measured
+    windows = [t.user_attrs.get("window", {}) for t in judged[-RECENT_WINDOWS:]]
+    return mean_attainment(windows) if any(w.get("slo_attainment") is not None for w in windows) else None
+
+
+def load_dip(trial: optuna.trial.FrozenTrial) -> bool:
+    """A window in which the configuration met the SLO with the engine busy >= SATURATED: the share
+    of requests within it fell with the load (a burst, or the machine at capacity), and no
+    configuration could have served faster. Live at 1.5 requests/s (~85% of capacity), a burst
+    window (1.74 requests/s, 60-88% within the SLO, P50 TTFT and P99 TBT within their bounds)
+    pulled the incumbents' attainment under `nothing_to_win`; exploration reopened, and the trials
+    it ran near capacity left backlogs that cost minutes of SLO (the prefill-first and deadline-0.5
+    starts in docs/results/wrong_start_live_xeon/)."""
+    window = trial.user_attrs.get("window", {})
+    saturated = (window.get("busy_fraction") or 0.0) >= SATURATED
+    return saturated and bool(trial.constraints) and all(v <= 0 for v in trial.constraints.values())
 
 
 def mean_attainment(windows: list[dict[str, Any]]) -> float:

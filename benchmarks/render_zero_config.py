@@ -137,8 +137,9 @@ def _left_alone(run: dict[str, Any] | None) -> str:
     """The same start with the tuner off (wrong_start_live.py --left-alone); not run: a dash."""
     if run is None:
         return "-"
+    carried = f" (earlier run, at {(run['carried_from']['commit'] or '?')[:7]})" if "carried_from" in run else ""
     return (f"{sum(run['bins_met'])} of {len(run['bins_met'])}, {run['slo_attainment']:.1%}, "
-            f"{run['goodput_rps']:.3f}")
+            f"{run['goodput_rps']:.3f}{carried}")
 
 
 def render_floor(rows: list[dict[str, Any]]) -> str:

@@ -14,6 +14,7 @@ attainment over the run and after that point; the controller's own decisions (it
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -36,6 +37,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--starts", nargs="+", default=list(WRONG_STARTS), choices=list(WRONG_STARTS))
     p.add_argument("--left-alone", nargs="*", default=[], choices=list(WRONG_STARTS),
                    help="these starts also run with the tuner off, on the same requests: what each loses left alone")
+    p.add_argument("--left-alone-from", default=None, metavar="JSON",
+                   help="an earlier run of this script on the same requests (qps, duration, seed, SLO): its "
+                        "left-alone runs are carried over for the starts not run left alone here")
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
     p.add_argument("--slo-tbt-s", type=float, default=0.25)
     p.add_argument("--port", type=int, default=8132)
@@ -92,14 +96,40 @@ def run_left_alone(name: str, specs: list, prompts: list, slo: SloClass, args: a
             "failed": run.summary.num_failed, "bins_met": verdicts, "workdir": workdir}
 
 
+def carry_left_alone(results: dict[str, dict], path: str, args: argparse.Namespace, num_requests: int) -> None:
+    """Left alone, a start is the same run whatever the tuner does: take it from an earlier run on
+    the same requests, marked with where it came from (its file, commit and date)."""
+    with open(path) as f:
+        earlier = json.load(f)
+    same = (earlier["qps"], earlier["duration_s"], earlier["num_requests"], earlier["slo"], seed_of(earlier)) == \
+        (args.qps, args.duration, num_requests, {"ttft_s": args.slo_ttft_s, "tbt_s": args.slo_tbt_s}, args.seed)
+    if not same:
+        raise SystemExit(f"{path}: not a run on the same requests (qps, duration, seed, SLO)")
+    source = {"file": path, "commit": earlier["meta"].get("commit"), "date_utc": earlier["meta"].get("date_utc")}
+    for name, result in results.items():
+        carried = earlier["results"].get(name, {}).get("left_alone")
+        if "left_alone" not in result and carried is not None:
+            result["left_alone"] = carried | {"carried_from": source}
+
+
+def seed_of(run: dict) -> int:
+    """A run's request seed (files before it was recorded: from its command line, else the default 0)."""
+    if "seed" in run:
+        return run["seed"]
+    words = run["command"].split()
+    return int(words[words.index("--seed") + 1]) if "--seed" in words else 0
+
+
 def main() -> None:
     args = parse_args()
     slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     specs = generate(load_workload("chat"), args.qps, duration_s=args.duration, seed=args.seed)
     prompts = make_prompts(specs, PromptSource(load_prompt_tokenizer(None), args.seed), text=False)
     results = {name: run_start(name, specs, prompts, slo, args) for name in args.starts}
+    if args.left_alone_from:
+        carry_left_alone(results, args.left_alone_from, args, len(specs))
     emit_summary({"machine": MachineInfo.collect().as_dict(), "command": " ".join(["python", *sys.argv]),
-                  "workload": "chat", "qps": args.qps, "duration_s": args.duration, "num_requests": len(specs),
+                  "workload": "chat", "qps": args.qps, "duration_s": args.duration, "seed": args.seed, "num_requests": len(specs),
                   "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s}, "results": results}, args.json)
 
 

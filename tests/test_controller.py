@@ -283,11 +283,13 @@ def test_a_warm_start_pick_too_thin_to_judge_stays_first(cost, tmp_path):
     assert all("requests finished in the window" in t.user_attrs["discarded"] for t in controller.study.trials)
 
 
-def test_a_warm_start_pick_is_held_through_an_overload_for_a_while(cost, tmp_path):
-    """Beyond capacity a backlog decides P50 TTFT whatever the configuration: the warm start's pick
-    is not judged on such windows (discarded, logged as "overload", measured again next), for up
-    to OVERLOAD_HOLD_S per regime; after that it is judged like any trial. Live, a capacity
-    search's first probe judged all three picks this way and a TPE sample took their place."""
+@pytest.mark.parametrize("source", ["warm-start", "recheck"])
+def test_a_warm_start_pick_or_the_incumbent_is_held_through_an_overload_for_a_while(cost, tmp_path, source):
+    """Beyond capacity a backlog decides P50 TTFT whatever the configuration: neither the warm
+    start's pick nor the incumbent's re-check is judged on such windows (discarded, logged as
+    "overload", measured again next), for up to OVERLOAD_HOLD_S per regime; after that it is judged
+    like any trial. Live, a capacity search's first probe judged all three picks this way and a TPE
+    sample took their place; at 1.5 requests/s the incumbent's re-checks were judged in a backlog."""
     sim, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=128, max_num_seqs=16))
     controller.settings = settings(min_requests=10)  # 16 sequences finish ~8 a 10-s window
     sim.submit(steady(3.0, 1200, seed=3))           # 2.5x the machine's chat capacity
@@ -295,16 +297,17 @@ def test_a_warm_start_pick_is_held_through_an_overload_for_a_while(cost, tmp_pat
     controller.study = optuna.create_study(direction="maximize")
     incumbent = controller.incumbent()
     pick = controller.space.snap(incumbent | {"token_budget": 128, "max_num_seqs": 16})   # steps within the TBT bound
-    controller.picks = [pick]
+    queued = [pick] if source == "warm-start" else []
     held = 0.0
     while held < OVERLOAD_HOLD_S:
-        trial, params = controller._ask(incumbent, recheck=False)
-        assert params == pick and trial.user_attrs["source"] == "warm-start"
-        assert controller._measure(trial, incumbent) is None and controller.picks == [pick]
+        controller.picks = list(queued) if not controller.picks else controller.picks
+        trial, params = controller._ask(pick, recheck=source == "recheck")
+        assert params == pick and trial.user_attrs["source"] == source
+        assert controller._measure(trial, pick) is None and controller.picks == queued
         assert trial.user_attrs.get("discarded", "").startswith("overloaded")
         held = controller._overload_held_s
-    trial, params = controller._ask(incumbent, recheck=False)
-    window = controller._measure(trial, incumbent)             # judged now: the pick cannot keep up
+    trial, params = controller._ask(pick, recheck=source == "recheck")
+    window = controller._measure(trial, pick)             # judged now: it cannot keep up
     assert window is not None and window.ttft_p50_s > SLO_.ttft_s and not controller.picks
     decisions = [json.loads(line) for line in controller.state.decisions_path.read_text().splitlines()]
     assert [d["action"] for d in decisions].count("overload") >= 2
@@ -415,6 +418,33 @@ def test_an_incumbent_serving_every_request_is_not_explored_away_from(cost, tmp_
     assert action_after(1.0, queued=True) == "recheck"     # the warm start's other picks wait too
     assert action_after(0.9, queued=True) == "trial"
     assert action_after(0.9) == "trial"
+
+
+def test_a_load_dip_does_not_reopen_exploration(cost, tmp_path):
+    """A window in which the incumbent met the SLO with the engine saturated (a burst) served fewer
+    requests within it because of the load, not the configuration: it is left out of the attainment
+    that pauses exploration. One that missed the SLO, or left the engine idle at times, counts."""
+    _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
+    space = load_search_space()
+    incumbent = space.snap({"token_budget": 256, "prefill_priority": 0.5, "max_num_seqs": 64,
+                            "kv_admission_watermark": 0.05, "step_headroom": 0.9, "error_budget": 0.5})
+
+    def action_after(dips: list[tuple[float, float, float]], served: int = 3) -> str:
+        controller.study = optuna.create_study(direction="maximize")
+        windows = [(1.0, 0.5, -1.0)] * served + dips     # (attainment, busy share, TTFT constraint)
+        for attainment, busy, ttft in windows:
+            controller.study.add_trial(create_trial(
+                params=incumbent, distributions=space.distributions(), value=attainment,
+                constraints={"ttft_p50": ttft, "tbt_p99": -0.01},
+                user_attrs={"window": {"slo_attainment": attainment, "busy_fraction": busy}}))
+        controller.picks = [incumbent | {"token_budget": 512}]
+        return controller._next_action(incumbent)
+
+    assert action_after([(0.88, 0.99, -0.5), (0.6, 0.97, -0.2)]) == "recheck"
+    assert controller.incumbent() == incumbent
+    assert action_after([(0.88, 0.80, -0.5), (0.6, 0.97, -0.2)]) == "trial"   # not saturated: the configuration's
+    assert action_after([(0.88, 0.99, 0.3), (0.6, 0.97, -0.2)]) == "trial"    # the SLO missed: counts
+    assert action_after([(0.6, 0.99, -0.2)] * 4, served=0) == "trial"   # measured at its limit only: dips count
 
 
 def test_a_configuration_serving_every_request_stays_the_incumbent_through_a_noisy_window(cost, tmp_path):

@@ -3,11 +3,16 @@ the requests that arrived after it (the first bin also holds requests the wrong 
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))   # the scripts import by name
 import render_zero_config as render  # noqa: E402
+import wrong_start_live  # noqa: E402
 import zero_config  # noqa: E402
 
 from autotuner.simulated_tuning import violating_bin_fraction  # noqa: E402
@@ -58,3 +63,26 @@ def test_a_cell_that_never_converged_fails_the_bars_and_renders():
     assert render.violating(cell) == (None, None)
     assert not render.meets(cell) and not render.meets(cell, strict=False)
     assert render.cell_text(cell) == "0.965 / never"
+
+
+def test_left_alone_runs_carry_over_only_from_a_run_on_the_same_requests(tmp_path):
+    """wrong_start_live.py --left-alone-from: a start's left-alone run is the same whatever the tuner
+    does, so it is taken from an earlier run on the same requests, marked with where it came from."""
+    earlier = {"meta": {"commit": "e416e3115b", "date_utc": "2026-11-27T20:08:12Z"}, "qps": 1.5, "duration_s": 480.0,
+               "num_requests": 683, "slo": {"ttft_s": 2.0, "tbt_s": 0.25},
+               "command": "python benchmarks/wrong_start_live.py --qps 1.5 --duration 480",
+               "results": {"sarathi-32": {"left_alone": {"slo_attainment": 0.086}}, "deadline-headroom-0.5": {},
+                           "prefill-first-8192": {"left_alone": {"slo_attainment": 0.46}}}}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    args = argparse.Namespace(qps=1.5, duration=480.0, seed=0, slo_ttft_s=2.0, slo_tbt_s=0.25)
+    results = {"sarathi-32": {}, "deadline-headroom-0.5": {}, "prefill-first-8192": {"left_alone": {"slo_attainment": 0.4}}}
+    wrong_start_live.carry_left_alone(results, str(path), args, 683)
+    assert results["sarathi-32"]["left_alone"]["slo_attainment"] == 0.086
+    assert results["sarathi-32"]["left_alone"]["carried_from"]["commit"] == "e416e3115b"
+    assert "left_alone" not in results["deadline-headroom-0.5"]                 # none there to carry
+    assert "carried_from" not in results["prefill-first-8192"]["left_alone"]    # run here: kept
+    assert "(earlier run, at e416e31)" in render._left_alone(results["sarathi-32"]["left_alone"] | {
+        "bins_met": [True, False], "goodput_rps": 0.1})
+    with pytest.raises(SystemExit, match="not a run on the same requests"):
+        wrong_start_live.carry_left_alone({}, str(path), argparse.Namespace(**vars(args) | {"seed": 3}), 683)
