@@ -300,7 +300,7 @@ class Controller:
         """The incumbent's SLO attainment (`steady_attainment`) when it is at least `nothing_to_win`
         (exploration pauses), else None."""
         measured = [t for t in self._completed() if "window" in t.user_attrs and self.space.snap(t.params) == incumbent]
-        mean = steady_attainment(measured)
+        mean = steady_attainment(judged_windows(measured))
         return mean if mean is not None and mean >= self.settings.nothing_to_win else None
 
     def _too_few_requests(self, incumbent: dict[str, Any]) -> bool:
@@ -607,10 +607,9 @@ def best_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSpac
             groups.setdefault(tuple(sorted(space.snap(t.params).items())), []).append(t)
     best: tuple[dict[str, Any], float] | None = None
     for key, measured in groups.items():
-        measured = sorted(measured, key=lambda t: t.number)
-        group = measured[-RECENT_WINDOWS:]       # the present, not a backlog-free past
+        group = judged_windows(sorted(measured, key=lambda t: t.number))
         names = {name for t in group for name in t.constraints}
-        if serving_all is not None and (steady_attainment(measured) or 0.0) < serving_all:
+        if serving_all is not None and (steady_attainment(group) or 0.0) < serving_all:
             continue
         if names and all(sum(t.constraints.get(n, 0.0) for t in group) <= 0 for n in names):   # met on average
             mean = sum(t.value for t in group) / len(group)
@@ -620,12 +619,16 @@ def best_configuration(trials: list[optuna.trial.FrozenTrial], space: SearchSpac
     return best
 
 
-def steady_attainment(measured: list[optuna.trial.FrozenTrial]) -> float | None:
-    """One configuration's mean SLO attainment over its latest RECENT_WINDOWS windows (trials in
-    order), leaving out its load dips (`load_dip`) unless it was measured in nothing else; None if
-    no window recorded one."""
-    judged = [t for t in measured if not load_dip(t)] or measured
-    windows = [t.user_attrs.get("window", {}) for t in judged[-RECENT_WINDOWS:]]
+def judged_windows(measured: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """What one configuration is judged on (its value, its SLO, its attainment): its latest
+    RECENT_WINDOWS measurements (trials in order; the present, not a backlog-free past), leaving out
+    its load dips (`load_dip`) unless it was measured in nothing else."""
+    return ([t for t in measured if not load_dip(t)] or measured)[-RECENT_WINDOWS:]
+
+
+def steady_attainment(judged: list[optuna.trial.FrozenTrial]) -> float | None:
+    """The mean SLO attainment of a configuration's judged windows; None if none recorded one."""
+    windows = [t.user_attrs.get("window", {}) for t in judged]
     return mean_attainment(windows) if any(w.get("slo_attainment") is not None for w in windows) else None
 
 

@@ -124,22 +124,32 @@ def render_live(live: dict[str, Any]) -> str:
              f"SLO {live['slo']['ttft_s']} s / {live['slo']['tbt_s']} s, tuner on:", "", _row(head),
              _row(["---"] * len(head))]
     for name, r in live["results"].items():
-        c = r["controller"]
-        first = f"{c['knobs'][0][0]:.0f} s" if c["knobs"] else "none"
-        met = "never" if r["slo_met_again_s"] is None else f"{r['slo_met_again_s']:.0f} s"
-        lines.append(_row([name, f"{sum(r['bins_met'])} of {len(r['bins_met'])}", met,
-                           f"{r['slo_attainment']:.1%}", f"{r['goodput_rps']:.3f}",
-                           f"{c['tuning_windows']} ({c['violating']})", first, _left_alone(r.get("left_alone"))]))
+        lines.append(_row([name + _carried(r), *_tuned(r), _left_alone(r.get("left_alone"))]))
     return "\n".join(lines)
+
+
+def _tuned(run: dict[str, Any]) -> list[str]:
+    """The tuned run's columns; a start run only with the tuner off (the defaults' reference): dashes."""
+    if "controller" not in run:
+        return ["-"] * 6
+    c = run["controller"]
+    first = f"{c['knobs'][0][0]:.0f} s" if c["knobs"] else "none"
+    met = "never" if run["slo_met_again_s"] is None else f"{run['slo_met_again_s']:.0f} s"
+    return [f"{sum(run['bins_met'])} of {len(run['bins_met'])}", met, f"{run['slo_attainment']:.1%}",
+            f"{run['goodput_rps']:.3f}", f"{c['tuning_windows']} ({c['violating']})", first]
 
 
 def _left_alone(run: dict[str, Any] | None) -> str:
     """The same start with the tuner off (wrong_start_live.py --left-alone); not run: a dash."""
     if run is None:
         return "-"
-    carried = f" (earlier run, at {(run['carried_from']['commit'] or '?')[:7]})" if "carried_from" in run else ""
     return (f"{sum(run['bins_met'])} of {len(run['bins_met'])}, {run['slo_attainment']:.1%}, "
-            f"{run['goodput_rps']:.3f}{carried}")
+            f"{run['goodput_rps']:.3f}{_carried(run)}")
+
+
+def _carried(run: dict[str, Any]) -> str:
+    """Where a run carried over from an earlier run on the same requests came from (wrong_start_live.py --carry-from)."""
+    return f" (earlier run, at {(run['carried_from']['commit'] or '?')[:7]})" if "carried_from" in run else ""
 
 
 def render_floor(rows: list[dict[str, Any]]) -> str:

@@ -29,23 +29,41 @@ from engine.slo_class import SloClass
 from tuning_shift import bench_daemon, controller_windows
 from zero_config import WRONG_STARTS
 
+STARTS = {"defaults": (None, {}), **WRONG_STARTS}   # defaults: the shipped policy and knobs (the reference)
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--qps", type=float, default=0.8, help="chat rate, near the daemon's capacity (default 0.8)")
     p.add_argument("--duration", type=float, default=480.0, help="seconds of arrivals per start (default 480)")
-    p.add_argument("--starts", nargs="+", default=list(WRONG_STARTS), choices=list(WRONG_STARTS))
-    p.add_argument("--left-alone", nargs="*", default=[], choices=list(WRONG_STARTS),
-                   help="these starts also run with the tuner off, on the same requests: what each loses left alone")
-    p.add_argument("--left-alone-from", default=None, metavar="JSON",
+    p.add_argument("--start", action="append", default=[], metavar="NAME=POLICY:KNOB=VALUE,...",
+                   help="one more named start for --starts/--left-alone (e.g. a configuration the tuner picked)")
+    p.add_argument("--starts", nargs="*", default=list(WRONG_STARTS), help=f"run each with the tuner on: {list(STARTS)}")
+    p.add_argument("--left-alone", nargs="*", default=[],
+                   help="run each with the tuner off, on the same requests: what a wrong start loses left alone, "
+                        "and with `defaults` what the load itself costs the shipped configuration")
+    p.add_argument("--carry-from", default=None, metavar="JSON",
                    help="an earlier run of this script on the same requests (qps, duration, seed, SLO): its "
-                        "left-alone runs are carried over for the starts not run left alone here")
+                        "runs (tuned or left alone) of starts not run so here are carried over, marked")
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
     p.add_argument("--slo-tbt-s", type=float, default=0.25)
     p.add_argument("--port", type=int, default=8132)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
-    return p.parse_args()
+    args = p.parse_args()
+    STARTS.update(parse_start(text) for text in args.start)
+    unknown = sorted(set(args.starts + args.left_alone) - set(STARTS))
+    if unknown:
+        p.error(f"unknown start(s) {unknown}: choose from {list(STARTS)} or name one with --start")
+    return args
+
+
+def parse_start(text: str) -> tuple[str, tuple[str, dict[str, float]]]:
+    """NAME=POLICY:KNOB=VALUE,... as (name, (policy, knobs))."""
+    name, _, rest = text.partition("=")
+    policy, _, knobs = rest.partition(":")
+    pairs = [item.split("=") for item in knobs.split(",") if item]
+    return name, (policy, {key: float(value) if "." in value else int(value) for key, value in pairs})
 
 
 def met_again_s(verdicts: list[bool]) -> float | None:
@@ -57,7 +75,7 @@ def met_again_s(verdicts: list[bool]) -> float | None:
 
 
 def run_start(name: str, specs: list, prompts: list, slo: SloClass, args: argparse.Namespace) -> dict:
-    policy, knobs = WRONG_STARTS[name]
+    policy, knobs = STARTS[name]
     run, records, state_dir, workdir = serve_from(name, True, specs, prompts, slo, args)
     verdicts = bin_verdicts(records, slo, BIN_S)
     recovered = met_again_s(verdicts)
@@ -70,18 +88,16 @@ def run_start(name: str, specs: list, prompts: list, slo: SloClass, args: argpar
               "controller": controller_windows(state_dir), "workdir": workdir}
     print(f"{name}: met again at {recovered} s; bins {''.join('+' if v else '-' for v in verdicts)}; "
           f"attainment {run.summary.slo_attainment}", file=sys.stderr)
-    if name in args.left_alone:
-        result["left_alone"] = run_left_alone(name, specs, prompts, slo, args)
     return result
 
 
 def serve_from(name: str, tune: bool, specs: list, prompts: list, slo: SloClass, args: argparse.Namespace):
     """One daemon started from the named configuration, serving `specs`: (run, records, state dir, workdir)."""
-    policy, knobs = WRONG_STARTS[name]
+    policy, knobs = STARTS[name]
     workdir = tempfile.mkdtemp(prefix=f"wrong_start_{name}_{'tuned' if tune else 'alone'}_")
     state_dir = os.path.join(workdir, "state")
     settings = {"port": args.port, "state_dir": state_dir, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
-                "tune": tune, "policy": policy, "knobs": knobs}
+                "tune": tune} | ({"policy": policy, "knobs": knobs} if policy else {})
     run, records = bench_daemon(settings, workdir, specs, prompts, slo, drain_s=300)
     return run, records, state_dir, workdir
 
@@ -96,9 +112,10 @@ def run_left_alone(name: str, specs: list, prompts: list, slo: SloClass, args: a
             "failed": run.summary.num_failed, "bins_met": verdicts, "workdir": workdir}
 
 
-def carry_left_alone(results: dict[str, dict], path: str, args: argparse.Namespace, num_requests: int) -> None:
-    """Left alone, a start is the same run whatever the tuner does: take it from an earlier run on
-    the same requests, marked with where it came from (its file, commit and date)."""
+def carry_over(results: dict[str, dict], path: str, args: argparse.Namespace, num_requests: int) -> None:
+    """Runs of an earlier run of this script on the same requests, for the starts (tuner on) and
+    left-alone runs not made here, each marked with where it came from (its file, commit and date;
+    one the earlier run carried keeps its own origin)."""
     with open(path) as f:
         earlier = json.load(f)
     same = (earlier["qps"], earlier["duration_s"], earlier["num_requests"], earlier["slo"], seed_of(earlier)) == \
@@ -106,10 +123,15 @@ def carry_left_alone(results: dict[str, dict], path: str, args: argparse.Namespa
     if not same:
         raise SystemExit(f"{path}: not a run on the same requests (qps, duration, seed, SLO)")
     source = {"file": path, "commit": earlier["meta"].get("commit"), "date_utc": earlier["meta"].get("date_utc")}
-    for name, result in results.items():
-        carried = earlier["results"].get(name, {}).get("left_alone")
-        if "left_alone" not in result and carried is not None:
-            result["left_alone"] = carried | {"carried_from": source}
+    for name, then in earlier["results"].items():
+        here = results.setdefault(name, {})
+        if "controller" in then and "controller" not in here:
+            here |= {k: v for k, v in then.items() if k != "left_alone"}
+            here.setdefault("carried_from", source)
+        if "left_alone" in then and "left_alone" not in here:
+            here["left_alone"] = {"carried_from": source} | then["left_alone"]
+        if not here:
+            del results[name]
 
 
 def seed_of(run: dict) -> int:
@@ -126,8 +148,10 @@ def main() -> None:
     specs = generate(load_workload("chat"), args.qps, duration_s=args.duration, seed=args.seed)
     prompts = make_prompts(specs, PromptSource(load_prompt_tokenizer(None), args.seed), text=False)
     results = {name: run_start(name, specs, prompts, slo, args) for name in args.starts}
-    if args.left_alone_from:
-        carry_left_alone(results, args.left_alone_from, args, len(specs))
+    for name in args.left_alone:
+        results.setdefault(name, {})["left_alone"] = run_left_alone(name, specs, prompts, slo, args)
+    if args.carry_from:
+        carry_over(results, args.carry_from, args, len(specs))
     emit_summary({"machine": MachineInfo.collect().as_dict(), "command": " ".join(["python", *sys.argv]),
                   "workload": "chat", "qps": args.qps, "duration_s": args.duration, "seed": args.seed, "num_requests": len(specs),
                   "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s}, "results": results}, args.json)

@@ -447,6 +447,28 @@ def test_a_load_dip_does_not_reopen_exploration(cost, tmp_path):
     assert action_after([(0.6, 0.99, -0.2)] * 4, served=0) == "trial"   # measured at its limit only: dips count
 
 
+def test_a_burst_does_not_hand_the_incumbent_to_a_configuration_measured_once(cost, tmp_path):
+    """Live (deadline-0.5 start at 1.5 requests/s, stop 51): the incumbent's window in a burst read
+    0.34 of the offered requests (47% within the SLO, which it met, engine busy 99%); by value the
+    warm start's first pick, measured once, overtook it, served 95% in its one window, and exploration
+    reopened into the burst's backlog. A load dip counts against neither value nor attainment."""
+    _, _, controller = sim_controller(cost, tmp_path, Knobs(token_budget=256))
+    space = load_search_space()
+    first = space.snap({"token_budget": 256, "step_headroom": 1.0, "error_budget": 0.0})
+    held = space.snap({"token_budget": 256, "step_headroom": 1.0, "error_budget": 0.5})
+    controller.study = optuna.create_study(direction="maximize")
+    for params, value, attainment, busy in [(first, 0.916, 0.952, 0.984), (held, 0.963, 1.0, 0.951),
+                                            (held, 1.008, 1.0, 0.873), (held, 0.948, 1.0, 0.786),
+                                            (held, 0.955, 0.844, 0.981), (held, 0.759, 1.0, 0.840),
+                                            (held, 0.336, 0.472, 0.986)]:
+        controller.study.add_trial(create_trial(
+            params=params, distributions=space.distributions(), value=value,
+            constraints={"ttft_p50": -0.5, "tbt_p99": -0.001},
+            user_attrs={"window": {"slo_attainment": attainment, "busy_fraction": busy}}))
+    assert controller.incumbent() == held
+    assert controller._next_action(held) == "recheck" and controller.attainment_held == 1.0
+
+
 def test_a_configuration_serving_every_request_stays_the_incumbent_through_a_noisy_window(cost, tmp_path):
     """Live (wrong start sarathi-32 at 1.5 requests/s): the warm start's pick served 100% of its
     requests within the SLO in five windows of six, but one window of 21 finished requests read

@@ -65,24 +65,31 @@ def test_a_cell_that_never_converged_fails_the_bars_and_renders():
     assert render.cell_text(cell) == "0.965 / never"
 
 
-def test_left_alone_runs_carry_over_only_from_a_run_on_the_same_requests(tmp_path):
-    """wrong_start_live.py --left-alone-from: a start's left-alone run is the same whatever the tuner
-    does, so it is taken from an earlier run on the same requests, marked with where it came from."""
-    earlier = {"meta": {"commit": "e416e3115b", "date_utc": "2026-11-27T20:08:12Z"}, "qps": 1.5, "duration_s": 480.0,
+def test_runs_carry_over_only_from_a_run_on_the_same_requests(tmp_path):
+    """wrong_start_live.py --carry-from: a start's runs (tuned, left alone) not made in this run are
+    taken from an earlier run on the same requests, marked with where they came from; what this run
+    made is kept, and a run the earlier one carried keeps its own origin."""
+    stop50 = {"file": "old.json", "commit": "aaaaaaa1", "date_utc": "2026-11-27T20:08:12Z"}
+    earlier = {"meta": {"commit": "e416e3115b", "date_utc": "2026-11-27T22:50:00Z"}, "qps": 1.5, "duration_s": 480.0,
                "num_requests": 683, "slo": {"ttft_s": 2.0, "tbt_s": 0.25},
                "command": "python benchmarks/wrong_start_live.py --qps 1.5 --duration 480",
-               "results": {"sarathi-32": {"left_alone": {"slo_attainment": 0.086}}, "deadline-headroom-0.5": {},
-                           "prefill-first-8192": {"left_alone": {"slo_attainment": 0.46}}}}
+               "results": {"sarathi-32": {"controller": {}, "slo_attainment": 0.6,
+                                          "left_alone": {"slo_attainment": 0.086, "carried_from": stop50}},
+                           "prefill-first-8192": {"controller": {}, "slo_attainment": 0.9,
+                                                  "left_alone": {"slo_attainment": 0.46}}}}
     path = tmp_path / "earlier.json"
     path.write_text(json.dumps(earlier))
     args = argparse.Namespace(qps=1.5, duration=480.0, seed=0, slo_ttft_s=2.0, slo_tbt_s=0.25)
-    results = {"sarathi-32": {}, "deadline-headroom-0.5": {}, "prefill-first-8192": {"left_alone": {"slo_attainment": 0.4}}}
-    wrong_start_live.carry_left_alone(results, str(path), args, 683)
-    assert results["sarathi-32"]["left_alone"]["slo_attainment"] == 0.086
-    assert results["sarathi-32"]["left_alone"]["carried_from"]["commit"] == "e416e3115b"
-    assert "left_alone" not in results["deadline-headroom-0.5"]                 # none there to carry
-    assert "carried_from" not in results["prefill-first-8192"]["left_alone"]    # run here: kept
-    assert "(earlier run, at e416e31)" in render._left_alone(results["sarathi-32"]["left_alone"] | {
+    results = {"defaults": {"left_alone": {"slo_attainment": 0.95}},
+               "prefill-first-8192": {"controller": {}, "slo_attainment": 0.97}}
+    wrong_start_live.carry_over(results, str(path), args, 683)
+    assert results["sarathi-32"]["slo_attainment"] == 0.6 and results["sarathi-32"]["carried_from"]["commit"] == "e416e3115b"
+    assert results["sarathi-32"]["left_alone"]["carried_from"] == stop50          # carried before: its origin
+    assert results["prefill-first-8192"]["slo_attainment"] == 0.97                # run here: kept
+    assert "carried_from" not in results["prefill-first-8192"]
+    assert results["prefill-first-8192"]["left_alone"]["carried_from"]["commit"] == "e416e3115b"
+    assert "carried_from" not in results["defaults"]["left_alone"]
+    assert "(earlier run, at aaaaaaa)" in render._left_alone(results["sarathi-32"]["left_alone"] | {
         "bins_met": [True, False], "goodput_rps": 0.1})
     with pytest.raises(SystemExit, match="not a run on the same requests"):
-        wrong_start_live.carry_left_alone({}, str(path), argparse.Namespace(**vars(args) | {"seed": 3}), 683)
+        wrong_start_live.carry_over({}, str(path), argparse.Namespace(**vars(args) | {"seed": 3}), 683)
