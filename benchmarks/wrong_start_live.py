@@ -51,7 +51,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    STARTS.update(parse_start(text) for text in args.start)
+    try:
+        STARTS.update(parse_start(text) for text in args.start)
+    except ValueError as e:
+        p.error(f"--start {args.start}: {e} (expected NAME=POLICY:KNOB=VALUE,...)")
     unknown = sorted(set(args.starts + args.left_alone) - set(STARTS))
     if unknown:
         p.error(f"unknown start(s) {unknown}: choose from {list(STARTS)} or name one with --start")
@@ -63,6 +66,8 @@ def parse_start(text: str) -> tuple[str, tuple[str, dict[str, float]]]:
     name, _, rest = text.partition("=")
     policy, _, knobs = rest.partition(":")
     pairs = [item.split("=") for item in knobs.split(",") if item]
+    if not name or not policy or any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"cannot read {text!r}")
     return name, (policy, {key: float(value) if "." in value else int(value) for key, value in pairs})
 
 
@@ -153,7 +158,8 @@ def main() -> None:
     if args.carry_from:
         carry_over(results, args.carry_from, args, len(specs))
     emit_summary({"machine": MachineInfo.collect().as_dict(), "command": " ".join(["python", *sys.argv]),
-                  "workload": "chat", "qps": args.qps, "duration_s": args.duration, "seed": args.seed, "num_requests": len(specs),
+                  "workload": "chat", "qps": args.qps, "duration_s": args.duration, "seed": args.seed,
+                  "num_requests": len(specs),
                   "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s}, "results": results}, args.json)
 
 

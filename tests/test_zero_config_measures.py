@@ -93,3 +93,11 @@ def test_runs_carry_over_only_from_a_run_on_the_same_requests(tmp_path):
         "bins_met": [True, False], "goodput_rps": 0.1})
     with pytest.raises(SystemExit, match="not a run on the same requests"):
         wrong_start_live.carry_over({}, str(path), argparse.Namespace(**vars(args) | {"seed": 3}), 683)
+
+
+def test_a_named_start_is_read_from_the_command_line():
+    assert wrong_start_live.parse_start("pick=deadline:token_budget=2048,step_headroom=1.0") == \
+        ("pick", ("deadline", {"token_budget": 2048, "step_headroom": 1.0}))
+    for bad in ("pick", "pick=deadline:token_budget", "=deadline:token_budget=1", "pick=deadline:token_budget=x"):
+        with pytest.raises(ValueError):
+            wrong_start_live.parse_start(bad)
