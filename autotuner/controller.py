@@ -299,8 +299,7 @@ class Controller:
     def _nothing_to_win(self, incumbent: dict[str, Any]) -> float | None:
         """The incumbent's SLO attainment (`steady_attainment`) when it is at least `nothing_to_win`
         (exploration pauses), else None."""
-        measured = [t for t in self._completed() if "window" in t.user_attrs and self.space.snap(t.params) == incumbent]
-        mean = steady_attainment(judged_windows(measured))
+        mean = steady_attainment(judged_windows(self._measured(incumbent)))
         return mean if mean is not None and mean >= self.settings.nothing_to_win else None
 
     def _too_few_requests(self, incumbent: dict[str, Any]) -> bool:
@@ -320,8 +319,11 @@ class Controller:
 
     def _recent_windows(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         """The latest RECENT_WINDOWS measured windows of this configuration."""
-        return [t.user_attrs["window"] for t in self._completed()
-                if "window" in t.user_attrs and self.space.snap(t.params) == params][-RECENT_WINDOWS:]
+        return [t.user_attrs["window"] for t in self._measured(params)[-RECENT_WINDOWS:]]
+
+    def _measured(self, params: dict[str, Any]) -> list[optuna.trial.FrozenTrial]:
+        """This configuration's completed trials that recorded a window, in order."""
+        return [t for t in self._completed() if "window" in t.user_attrs and self.space.snap(t.params) == params]
 
     def _ask(self, incumbent: dict[str, Any], recheck: bool) -> tuple[optuna.Trial, dict[str, Any]]:
         dists = self.space.distributions()
@@ -628,8 +630,9 @@ def judged_windows(measured: list[optuna.trial.FrozenTrial]) -> list[optuna.tria
 
 def steady_attainment(judged: list[optuna.trial.FrozenTrial]) -> float | None:
     """The mean SLO attainment of a configuration's judged windows; None if none recorded one."""
-    windows = [t.user_attrs.get("window", {}) for t in judged]
-    return mean_attainment(windows) if any(w.get("slo_attainment") is not None for w in windows) else None
+    shares = [t.user_attrs.get("window", {}).get("slo_attainment") for t in judged]
+    shares = [share for share in shares if share is not None]
+    return sum(shares) / len(shares) if shares else None
 
 
 def load_dip(trial: optuna.trial.FrozenTrial) -> bool:
@@ -643,12 +646,6 @@ def load_dip(trial: optuna.trial.FrozenTrial) -> bool:
     window = trial.user_attrs.get("window", {})
     saturated = (window.get("busy_fraction") or 0.0) >= SATURATED
     return saturated and bool(trial.constraints) and all(v <= 0 for v in trial.constraints.values())
-
-
-def mean_attainment(windows: list[dict[str, Any]]) -> float:
-    """The mean SLO attainment of measured windows (0 when none recorded one)."""
-    shares = [w["slo_attainment"] for w in windows if w.get("slo_attainment") is not None]
-    return sum(shares) / len(shares) if shares else 0.0
 
 
 def _near(latencies: list[float], bound: float) -> bool:

@@ -298,9 +298,9 @@ def test_a_warm_start_pick_or_the_incumbent_is_held_through_an_overload_for_a_wh
     incumbent = controller.incumbent()
     pick = controller.space.snap(incumbent | {"token_budget": 128, "max_num_seqs": 16})   # steps within the TBT bound
     queued = [pick] if source == "warm-start" else []
+    controller.picks = list(queued)
     held = 0.0
     while held < OVERLOAD_HOLD_S:
-        controller.picks = list(queued) if not controller.picks else controller.picks
         trial, params = controller._ask(pick, recheck=source == "recheck")
         assert params == pick and trial.user_attrs["source"] == source
         assert controller._measure(trial, pick) is None and controller.picks == queued
