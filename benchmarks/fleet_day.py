@@ -36,6 +36,7 @@ from loadgen.fleet_traffic import DiurnalShape, RateCurve, day_requests  # noqa:
 from loadgen.workload import Workload, load_workload, parse_workload  # noqa: E402
 from policies import Knobs  # noqa: E402
 from simulation.profile_cost_model import ProfileCostModel  # noqa: E402
+from simulation.queue_replica import QueueReplica, fit_queue_model  # noqa: E402
 from simulation.workload_run import make_simulator  # noqa: E402
 
 SHAREGPT4 = {"kind": "lognormal", "prompt": {"mean": 2666, "sigma": 0.93, "min": 16, "max": 7168},
@@ -71,6 +72,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="the measured day")
     p.add_argument("--tuning-seed", type=int, default=None, help="tune the planner on another day (default: "
                    "on the measured day, as the Ray baseline's target is tuned)")
+    p.add_argument("--replica-model", choices=["engine", "queue"], default="engine",
+                   help="engine: each replica the step-level simulator (the real scheduler); queue: a queue of work "
+                        "fitted to the same profile (simulation/queue_replica.py), ~100x faster, for days of real length")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     return p.parse_args()
@@ -104,7 +108,7 @@ def regime(args, cost, workload: Workload) -> dict:
     tuning_seed = args.seed if args.tuning_seed is None else args.tuning_seed
     tuning_specs = specs if tuning_seed == args.seed else day_requests(workload, RateCurve.draw(shape, tuning_seed),
                                                                         tuning_seed)
-    make = lambda: make_simulator(cost, "deadline", Knobs())  # noqa: E731
+    make, queue_model = replica_factory(args.replica_model, cost, capacity, workload, args.slo_target)
     initial = max(1, math.ceil(day.rate(0.0) / capacity.rate_rps))
 
     def simulate(scaler, day_specs, warm: int | None = initial) -> DayResult:
@@ -123,6 +127,8 @@ def regime(args, cost, workload: Workload) -> dict:
                              math.ceil(day.max_rate() / capacity.rate_rps), args.slo_target)
     ray_best = best(ray_runs, args.slo_target)
     return {
+        "replica_model": args.replica_model,
+        "queue_decode_share": queue_model.decode_share if queue_model else None,
         "capacity": dataclasses.asdict(capacity), "requests": len(specs), "bursts": [dataclasses.asdict(b) for b in day.bursts],
         "planner_config": dataclasses.asdict(tuned.config), "tuning_trials": tuned.trials,
         "planner": planner.summary(), "static": {str(n): r.summary() for n, r in static.items()},
@@ -133,6 +139,15 @@ def regime(args, cost, workload: Workload) -> dict:
                      "rate_curve": [[t, day.rate(t)] for t in range(0, int(args.day_s), 5)]},
         "plan": [{"t": t, **dataclasses.asdict(d)} for t, d in planner_scaler.decisions],
     }
+
+
+def replica_factory(kind: str, cost, capacity, workload: Workload, slo_target: float):
+    """(a new replica, the fitted queue model or None): the step-level simulator of the deadline policy
+    on the profile, or the queue model fitted to that replica's capacity profile."""
+    if kind == "queue":
+        model = fit_queue_model(capacity, workload, slo_target)
+        return (lambda: QueueReplica(model)), model
+    return (lambda: make_simulator(cost, "deadline", Knobs())), None
 
 
 def static_for_peak(run, low: int, high: int, slo_target: float) -> dict[int, DayResult]:
@@ -226,9 +241,12 @@ def _day_text(name: str, r: dict, run: dict) -> str:
     s, cap = run["settings"], r["capacity"]["rate_rps"]
     peak = max(v for _, v in r["timeline"]["rate_curve"]) / cap
     bursts = "; ".join(f"{b['factor']:.1f}x for {b['length_s']:.0f} s at t={b['start_s']:.0f} s" for b in r["bursts"])
-    return (f"- **{name}**: one replica's profiled capacity at {s['slo_target']:.0%} within SLO "
+    model = ("each replica the queue model fitted to that profile (decode share "
+             f"{r['queue_decode_share']:.2f})" if r.get("replica_model") == "queue" else
+             "each replica the step-level simulator")
+    return (f"- **{name}** ({model}): one replica's profiled capacity at {s['slo_target']:.0%} within SLO "
             f"{cap:.3g} requests/s; a {s['day_s']:.0f}-s day of {r['requests']:,} requests, sinusoid peak at "
-            f"{s['peak_replicas']:g} replicas' capacity (highest rate, sampled every 5 s: {peak:.2f}), burst "
+            f"{s['peak_replicas']:g} replicas' capacity (highest rate, sampled every 5 s: {peak:.2f}), bursts "
             f"{bursts or 'none'}; "
             f"replicas load for {s['startup_s']:.0f} s; {run['wall_s']:,.0f} s of wall time.{_ceiling_text(r)}")
 

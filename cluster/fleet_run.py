@@ -21,8 +21,7 @@ from cluster.router import NoReplicaError, ReplicaLoad, Router, RouterConfig
 from engine.kv_cache.block_manager import BLOCK_SIZE
 from engine.outputs import RequestRecord
 from loadgen.workload import RequestSpec
-from simulation.fleet import Fleet
-from simulation.simulator import Simulator
+from simulation.fleet import Fleet, ReplicaEngine
 from engine.slo_class import SloClass
 from telemetry.window import meets_slo
 
@@ -76,7 +75,7 @@ def prefix_keys(spec: RequestSpec, block_size: int) -> list[bytes]:
 
 
 class DayRun:
-    def __init__(self, make_simulator: Callable[[], Simulator], scaler: Scaler, startup_s: float,
+    def __init__(self, make_simulator: Callable[[], ReplicaEngine], scaler: Scaler, startup_s: float,
                  router: RouterConfig = RouterConfig(), block_size: int = BLOCK_SIZE, initial_replicas: int | None = None) -> None:
         self.fleet = Fleet(make_simulator, startup_s)
         self.scaler, self.block_size = scaler, block_size
@@ -160,7 +159,7 @@ class DayRun:
         self._finished_seen = len(self.fleet.finished)
         live = [r for r in self.fleet.live() if not r.draining]
         serving = [r for r in live if r.ready(now)]
-        kv = sum(r.sim.blocks.usage for r in serving) / len(serving) if serving else 0.0
+        kv = sum(r.sim.kv_usage for r in serving) / len(serving) if serving else 0.0
         telemetry = self._interval.telemetry(self.scaler.interval_s, [rec for _, rec in new], kv,
                                              len(serving), len(live) - len(serving))
         self._interval = _Accumulator()
@@ -208,7 +207,7 @@ class _Accumulator:
                                  ReplicaTelemetry.of(finished, SloClass(), kv_usage), serving, starting)
 
 
-def run_day(specs: Sequence[RequestSpec], make_simulator: Callable[[], Simulator], scaler: Scaler,
+def run_day(specs: Sequence[RequestSpec], make_simulator: Callable[[], ReplicaEngine], scaler: Scaler,
             startup_s: float, duration_s: float, initial_replicas: int | None = None,
             router: RouterConfig = RouterConfig()) -> DayResult:
     return DayRun(make_simulator, scaler, startup_s, router, initial_replicas=initial_replicas).run(specs, duration_s)

@@ -87,8 +87,19 @@ class RateCurve:
         n = int(top * self.shape.day_s + 10 * math.sqrt(top * self.shape.day_s) + 10)
         candidates = np.cumsum(rng.exponential(1.0 / top, n))
         candidates = candidates[candidates < self.shape.day_s]
-        keep = rng.uniform(0, top, len(candidates)) < np.array([self.rate(t) for t in candidates])
+        keep = rng.uniform(0, top, len(candidates)) < self.rates(candidates)
         return candidates[keep]
+
+    def rates(self, times: np.ndarray) -> np.ndarray:
+        """rate(t) at each of `times`, vectorized (a day of real length draws millions of candidates)."""
+        s = self.shape
+        base = s.peak_rps * (s.trough + (1 - s.trough) * (1 + np.cos(2 * np.pi * (times / s.day_s - s.peak_at))) / 2)
+        noise = np.asarray(self.noise)[np.minimum((times // s.noise_period_s).astype(int), len(self.noise) - 1)]
+        factor = np.ones_like(times)
+        for b in self.bursts:
+            inside = (times >= b.start_s) & (times < b.start_s + b.length_s)
+            factor[inside] = np.maximum(factor[inside], b.factor)
+        return base * noise * factor
 
 
 def day_requests(workload: Workload, curve: RateCurve, seed: int = 0) -> list[RequestSpec]:

@@ -1,5 +1,6 @@
 """A fleet of simulated replicas: N single-engine simulators (simulation/simulator.py) of one
-step-time model, each on its own virtual clock, advanced together tick by tick.
+step-time model, or N queue models of it (simulation/queue_replica.py), each on its own virtual
+clock, advanced together tick by tick.
 
 A replica added at time t loads its model until t + startup_s and takes requests only after; a
 draining one takes no new request, finishes what it holds, and stops when empty. Which replica a
@@ -9,12 +10,34 @@ holds the replicas, their loads as a router sees them, and the records of what t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.outputs import RequestRecord
-from engine.scheduling.request import Request
-from simulation.simulator import RequestLike, Simulator
+from simulation.simulator import EngineLoad, RequestLike
+
+
+class ReplicaEngine(Protocol):
+    """What the fleet drives of a replica: simulation.simulator.Simulator (the real scheduler step by
+    step) or simulation.queue_replica.QueueReplica (a queue of work, for days of real length)."""
+
+    now: float
+    finish_listeners: list[Callable[[RequestRecord], None]]
+    num_rejected: int
+
+    def submit(self, items: Iterable[RequestLike]) -> None: ...
+
+    def run_until(self, t_end: float) -> None: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def load(self) -> EngineLoad: ...
+
+    @property
+    def kv_usage(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -32,7 +55,7 @@ class ReplicaState:
 @dataclass
 class FleetReplica:
     name: str
-    sim: Simulator
+    sim: ReplicaEngine
     started_s: float
     ready_s: float
     draining: bool = False
@@ -45,22 +68,14 @@ class FleetReplica:
         return not self.draining and self.stopped_s is None and now < self.ready_s
 
     def state(self, now: float) -> ReplicaState:
-        scheduler = self.sim.scheduler
-        pending = self.sim._pending         # routed, arriving within this tick
-        queued = sum(map(_work_left, scheduler.waiting)) + sum(p.prompt_tokens + p.output_tokens for p in pending)
-        running = sum(map(_work_left, scheduler.running))
-        ongoing = len(scheduler.waiting) + len(scheduler.running) + len(pending)
-        return ReplicaState(self.name, self.ready(now), queued, running, ongoing, self.sim.blocks.usage)
-
-
-def _work_left(request: Request) -> int:
-    return max(0, request.num_prompt_tokens - request.num_computed_tokens) + request.max_tokens - len(
-        request.output_token_ids)
+        load = self.sim.load
+        return ReplicaState(self.name, self.ready(now), load.queued_tokens, load.running_tokens, load.ongoing,
+                            self.sim.kv_usage)
 
 
 @dataclass
 class Fleet:
-    make_simulator: Callable[[], Simulator]
+    make_simulator: Callable[[], ReplicaEngine]
     startup_s: float = 60.0
     replicas: dict[str, FleetReplica] = field(default_factory=dict)
     retired: list[FleetReplica] = field(default_factory=list)     # stopped, their name taken again

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from engine.kv_cache.block_manager import BLOCK_SIZE, BlockManager
@@ -41,6 +42,15 @@ class RequestLike(Protocol):
     # optional (loadgen.workload.RequestSpec has them): the prompt's first prefix_tokens are its group's
     prefix_group: str | None
     prefix_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What a router and an autoscaler read of a replica (simulation/fleet.py)."""
+
+    queued_tokens: int       # work left of waiting requests: prompt not computed + output not generated
+    running_tokens: int      # the same of running ones
+    ongoing: int             # requests held (waiting + running + routed, not yet arrived)
 
 
 class Simulator:
@@ -82,6 +92,17 @@ class Simulator:
     @property
     def done(self) -> bool:
         return not self._pending and not self.scheduler.has_work()
+
+    @property
+    def load(self) -> EngineLoad:
+        scheduler = self.scheduler
+        queued = sum(map(_work_left, scheduler.waiting)) + sum(p.prompt_tokens + p.output_tokens for p in self._pending)
+        return EngineLoad(queued, sum(map(_work_left, scheduler.running)),
+                          len(scheduler.waiting) + len(scheduler.running) + len(self._pending))
+
+    @property
+    def kv_usage(self) -> float:
+        return self.blocks.usage
 
     def _arrive(self, item: RequestLike) -> None:
         params = SamplingParams(max_tokens=item.output_tokens, ignore_eos=True)
@@ -285,3 +306,8 @@ class Simulator:
                 self._finish(request)
         self.scheduler.error_budget.add(now, tolerated, long)
         return sampled, finished
+
+
+def _work_left(request: Request) -> int:
+    return max(0, request.num_prompt_tokens - request.num_computed_tokens) + request.max_tokens - len(
+        request.output_token_ids)

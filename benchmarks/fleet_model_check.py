@@ -1,0 +1,126 @@
+"""How far the queue model of a replica (simulation/queue_replica.py) agrees with the step-level
+simulator (the real scheduler) on fleet days: the same compressed day and the same fleets (static
+fleets, Ray Serve's default policy, the SLO planner with a given configuration) run on both replica
+models in one run; per fleet, the share of requests within their SLO class, the mean replica count
+and the goodput per replica-hour, and the planner's ratio over the smallest static fleet that keeps
+the SLO target in each model. The day and the planner's configuration are read from a fleet_day.py
+results file (its settings and its tuned planner).
+
+    nice -n 19 .venv/bin/python benchmarks/fleet_model_check.py --from docs/results/fleet_day_chat.json \\
+        --static 7 8 9 --json docs/results/fleet_model_check_chat.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import results_file  # noqa: E402
+from fleet_day import REGIMES, replica_factory  # noqa: E402
+from cluster.capacity_profile import profile_replica  # noqa: E402
+from cluster.fleet_run import run_day  # noqa: E402
+from cluster.fleet_scalers import PlannerScaler, StaticScaler  # noqa: E402
+from cluster.planner import Planner  # noqa: E402
+from cluster.planner_config import PlannerConfig  # noqa: E402
+from cluster.ray_default_scaler import RayDefaultConfig, RayDefaultScaler  # noqa: E402
+from loadgen.fleet_traffic import DiurnalShape, RateCurve, day_requests  # noqa: E402
+from loadgen.workload import parse_workload  # noqa: E402
+from simulation.profile_cost_model import ProfileCostModel  # noqa: E402
+
+MODELS = ("engine", "queue")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--from", dest="source", required=True, help="a fleet_day.py results file: its day and planner")
+    p.add_argument("--static", type=int, nargs="+", required=True, help="static fleet sizes to run")
+    p.add_argument("--json", default=None)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    source = results_file.read(args.source)
+    s = source["settings"]
+    cost = ProfileCostModel.named(s["profile"])
+    out = {"source": args.source, "settings": s, "regimes": {}}
+    for name, recorded in source["regimes"].items():
+        out["regimes"][name] = check_regime(name, s, recorded, cost, args.static)
+        print(json.dumps({name: out["regimes"][name]}, indent=1), flush=True)
+    if args.json:
+        results_file.write(args.json, out, indent=1)
+
+
+def check_regime(name: str, s: dict, recorded: dict, cost, static_sizes: list[int]) -> dict:
+    workload = parse_workload(name, REGIMES[name])
+    capacity = profile_replica(workload, cost, slo_target=s["slo_target"])
+    shape = DiurnalShape(peak_rps=s["peak_replicas"] * capacity.rate_rps, day_s=s["day_s"],
+                         noise_period_s=s["noise_period_s"], bursts_per_day=s["bursts"],
+                         burst_length_s=tuple(s["burst_s"]))
+    day = RateCurve.draw(shape, s["seed"])
+    specs = day_requests(workload, day, s["seed"])
+    initial = max(1, math.ceil(day.rate(0.0) / capacity.rate_rps))
+    planner_config = PlannerConfig(**recorded["planner_config"])
+    fleets = {f"static {n}": (lambda n=n: StaticScaler(n), None) for n in static_sizes}
+    fleets |= {f"Ray default, target {t:g}": (lambda t=t: RayDefaultScaler(RayDefaultConfig(
+        t, 1, s["max_replicas"], downscale_delay_s=s["ray_downscale_delay_s"]), initial), initial)
+        for t in s["ray_targets"]}
+    fleets["SLO planner (the results file's tuned configuration)"] = (
+        lambda: PlannerScaler(Planner(planner_config, capacity), initial), initial)
+    rows: dict[str, dict] = {}
+    for model in MODELS:
+        make, _ = replica_factory(model, cost, capacity, workload, s["slo_target"])
+        for label, (scaler, warm) in fleets.items():
+            started = time.time()
+            result = run_day(specs, make, scaler(), s["startup_s"], s["day_s"], initial_replicas=warm)
+            rows.setdefault(label, {})[model] = result.summary() | {"wall_s": time.time() - started}
+    return {"requests": len(specs), "fleets": rows, "planner_over_static": planner_ratios(rows, s["slo_target"])}
+
+
+def planner_ratios(rows: dict, slo_target: float) -> dict:
+    """Per replica model: the planner's goodput per replica-hour over the smallest static fleet run
+    that kept the SLO target (None if none did)."""
+    planner = next(v for k, v in rows.items() if k.startswith("SLO planner"))
+    out = {}
+    for model in MODELS:
+        kept = [v[model] for k, v in rows.items() if k.startswith("static") and v[model]["attainment"] >= slo_target]
+        smallest = min(kept, key=lambda r: r["mean_replicas"], default=None)
+        out[model] = planner[model]["goodput_per_replica_hour"] / smallest["goodput_per_replica_hour"] \
+            if smallest else None
+    return out
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/cluster.md's table of the two replica models side by side."""
+    lines = ["| regime | fleet | within SLO: engine / queue | mean replicas: engine / queue |",
+             "|---|---|---|---|"]
+    notes = []
+    for source in sources:
+        run = json.loads(Path(source).read_text())
+        for name, r in run["regimes"].items():
+            for label, pair in r["fleets"].items():
+                e, q = pair["engine"], pair["queue"]
+                lines.append(f"| {name} | {label} | {e['attainment']:.1%} / {q['attainment']:.1%} | "
+                             f"{e['mean_replicas']:.2f} / {q['mean_replicas']:.2f} |")
+            ratio = r["planner_over_static"]
+            walls = {m: sum(p[m]["wall_s"] for p in r["fleets"].values()) for m in MODELS}
+            notes.append(f"- {name} ({r['requests']:,} requests): the planner over the smallest static fleet that kept "
+                         f"{run['settings']['slo_target']:.0%}: engine {_ratio(ratio['engine'])}, queue "
+                         f"{_ratio(ratio['queue'])}; wall time of all these days: engine {walls['engine']:,.0f} s, "
+                         f"queue {walls['queue']:,.0f} s.")
+    return "\n".join(lines + [""] + notes)
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "no static fleet kept it"
+
+
+if __name__ == "__main__":
+    main()
