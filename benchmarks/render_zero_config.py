@@ -103,7 +103,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
             f"convergence, within {CONVERGE_MAX_S:.0f} s, <= {VIOLATING_MAX:.0%} of 30-s bins violating after it), "
             f"{relative} more (†) where the best static configuration itself violates more bins and tuned "
             f"violates at most {VIOLATING_MAX:.0%} more than it; largest loss of a wrong start left alone per hardware: "
-            + ", ".join(f"{hw} {loss:.2f}x" for hw, loss in losing.items()) + ".")
+            + ", ".join(f"{hw} {_loss(loss)}" for hw, loss in losing.items()) + ".")
 
 
 def _loss(value: float) -> str:
