@@ -3,17 +3,18 @@ instead of the real scheduler step by step, so a day of real length (millions of
 replays in minutes where the step-level fleet (simulation/fleet.py over simulation/simulator.py)
 takes hours.
 
-The replica works through its requests one after another at `service_rps` requests/s of the
-profiled mix (a request's share of that time is its work over the mix's mean: uncached prompt
-tokens at the prefill price, output tokens at the decode price, cluster/replica_capacity.py), the
-most urgent first (the deadline policy's order: arrival + its class's TTFT target). A request's
-first token comes its own prefill time after its turn begins (the profile's lone-request TTFT,
-scaled by its prompt); it then decodes at the profile's time per output token for the replica's
-recent load. `service_rps` is fitted (`fit_queue_model`) so that a lone replica of this model keeps
-exactly the profile's SLO target at the profiled capacity, on the profile's own probe requests.
+Prompts wait their turn, the most urgent first (the deadline policy's order: arrival + the class's
+TTFT target), and each takes its tokens at the step-time model's full prefill rate (a 2048-token
+chunk) in the share of the replica's time that decoding leaves; decoding takes `decode_share` of it
+at the profiled capacity, proportionally less or more at the replica's recent arrival rate. A
+request's first token comes no sooner than the profile's lone-request TTFT (scaled by its prompt)
+after its turn begins; it then decodes at the profile's time per output token for that load.
+`decode_share` is fitted (`fit_queue_model`) so that a lone replica of this model keeps exactly the
+profile's SLO target at the profiled capacity, on the profile's own probe requests.
 
-What it leaves out: step-level effects (a long prompt's chunks slowing others' decodes, KV
-preemption) and prefix caching; docs/cluster.md compares its fleet days with the step-level ones.
+What it leaves out: step-level effects (a long prompt's chunks slowing others' decodes, decode gaps
+stretched toward the TBT target to drain a queue, KV preemption) and prefix caching;
+benchmarks/fleet_model_check.py runs both replica models on the same fleet days (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from simulation.simulator import EngineLoad, RequestLike
 from telemetry.window import meets_slo
 
 LOAD_TIME_CONSTANT_S = 30.0      # the recent arrival rate the decode share and speed follow
-MAX_LOAD = 1.5                   # beyond it more arrivals wait rather than decode (their prompts come first)
-MIN_PREFILL_SHARE = 0.05
+MAX_LOAD = 1.5                   # the decode share grows with the load up to this (x capacity); past it prompts queue
+MIN_PREFILL_SHARE = 0.05         # prefill never starves entirely
 FIT_PROBE_S, FIT_MIN_REQUESTS = 90.0, 300    # the profile's probe (cluster/capacity_profile.py)
 
 
