@@ -77,18 +77,25 @@ def parse_args() -> argparse.Namespace:
                         "fitted to the same profile (simulation/queue_replica.py), ~100x faster, for days of real length")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
+    p.add_argument("--compact", metavar="RESULTS", default=None,
+                   help="only rewrite an existing results file as this script now stores one (compact()), then exit")
     return p.parse_args()
 
 
 def main() -> None:
     args = parse_args()
+    if args.compact:
+        stored = results_file.read(args.compact)
+        stored["regimes"] = {name: compact(r) for name, r in stored["regimes"].items()}
+        Path(args.compact).write_text(json.dumps(stored, indent=1, default=str) + "\n")     # its meta kept
+        return
     started = time.time()
     cost = ProfileCostModel.named(args.profile)
     results = {"command": " ".join(["python", *sys.argv]), "machine": MachineInfo.collect().as_dict(),
                "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
                "settings": vars(args), "regimes": {}}
     for name in args.regimes:
-        results["regimes"][name] = regime(args, cost, parse_workload(name, REGIMES[name]))
+        results["regimes"][name] = compact(regime(args, cost, parse_workload(name, REGIMES[name])))
         print(json.dumps({name: {k: v for k, v in results["regimes"][name].items() if k != "timeline"}}, indent=1),
               flush=True)
     results["wall_s"] = time.time() - started
@@ -139,6 +146,45 @@ def regime(args, cost, workload: Workload) -> dict:
                      "rate_curve": [[t, day.rate(t)] for t in range(0, int(args.day_s), 5)]},
         "plan": [{"t": t, **dataclasses.asdict(d)} for t, d in planner_scaler.decisions],
     }
+
+
+MAX_POINTS = 1000        # a stored timeline: a day of real length (8,640 10-s points) is pooled to this many
+
+
+def compact(r: dict) -> dict:
+    """A regime's results as stored: the exact-following bound computed on the full 5-s rate curve,
+    then each timeline max-pooled to at most MAX_POINTS (a window keeps its point with the most
+    replicas, or the highest rate, so the plot's peaks and "at most N at once" survive), and the
+    plan reduced to the decisions that changed the fleet. A compressed day is left as it is but for
+    the plan."""
+    r = dict(r)
+    timeline = r["timeline"]
+    if "following_mean_replicas" not in r and timeline["rate_curve"]:
+        r["following_mean_replicas"] = following(r)
+    r["timeline"] = {"planner": _pooled(timeline["planner"], lambda p: p["serving"] + p["starting"]),
+                     "ray_default": _pooled(timeline["ray_default"], lambda p: p["serving"] + p["starting"]),
+                     "rate_curve": _pooled(timeline["rate_curve"], lambda p: p[1])}
+    r["plan"] = [_rounded(d) for d in r["plan"] if d["reason"] != "hold"]
+    r["timeline"] = {k: [_rounded(p) for p in v] for k, v in r["timeline"].items()}
+    return r
+
+
+def _rounded(value):
+    """Floats to 4 decimals (a plan's and a timeline's: seconds, rates and factors), through dicts and lists."""
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def _pooled(points: list, key) -> list:
+    size = math.ceil(len(points) / MAX_POINTS)
+    if size <= 1:
+        return points
+    return [max(points[i:i + size], key=key) for i in range(0, len(points), size)]
 
 
 def replica_factory(kind: str, cost, capacity, workload: Workload, slo_target: float):
@@ -269,7 +315,10 @@ def following(r: dict) -> float:
     """Mean replicas of a fleet that follows the rate exactly: max(1, ceil(rate / one replica's
     capacity)) at every 5-s sample of the rate curve, no start-up, no headroom, no SLO misses
     counted: a bound on what sizing at one replica's profiled capacity can save (a fleet that runs
-    its replicas past it, pooling their queues behind the router, can save more)."""
+    its replicas past it, pooling their queues behind the router, can save more). Stored by
+    compact() before the curve is pooled."""
+    if "following_mean_replicas" in r:
+        return r["following_mean_replicas"]
     cap, curve = r["capacity"]["rate_rps"], r["timeline"]["rate_curve"]
     return sum(max(1, math.ceil(v / cap - 1e-9)) for _, v in curve) / len(curve)
 
