@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -77,6 +78,9 @@ def parse_args() -> argparse.Namespace:
                         "fitted to the same profile (simulation/queue_replica.py), ~100x faster, for days of real length")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
+    p.add_argument("--add-ray-targets", nargs=2, metavar=("RESULTS", "TARGETS"), default=None,
+                   help="only run Ray's default policy at more targets (comma-separated) on an existing results "
+                        "file's days and add them to it, then exit")
     p.add_argument("--compact", metavar="RESULTS", default=None,
                    help="only rewrite an existing results file as this script now stores one (compact()), then exit")
     return p.parse_args()
@@ -84,6 +88,10 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.add_ray_targets:
+        path, targets = args.add_ray_targets
+        add_ray_targets(path, [float(t) for t in targets.split(",")])
+        return
     if args.compact:
         stored = results_file.read(args.compact)
         stored["regimes"] = {name: compact(r) for name, r in stored["regimes"].items()}
@@ -105,37 +113,47 @@ def main() -> None:
         plot(results, args.plot)
 
 
+def prepare_day(s, cost, workload: Workload) -> SimpleNamespace:
+    """One replica's profile, the drawn day and its requests, and `simulate(scaler)` of a fleet on it
+    (`s`: the parsed arguments, or a results file's settings)."""
+    capacity = profile_replica(workload, cost, slo_target=s.slo_target)
+    shape = DiurnalShape(peak_rps=s.peak_replicas * capacity.rate_rps, day_s=s.day_s,
+                         noise_period_s=s.noise_period_s, bursts_per_day=s.bursts, burst_length_s=tuple(s.burst_s))
+    day = RateCurve.draw(shape, s.seed)
+    specs = day_requests(workload, day, s.seed)
+    make, queue_model = replica_factory(s.replica_model, cost, capacity, workload, s.slo_target)
+    initial = max(1, math.ceil(day.rate(0.0) / capacity.rate_rps))
+
+    def simulate(scaler, day_specs=specs, warm: int | None = initial) -> DayResult:
+        return run_day(day_specs, make, scaler, s.startup_s, s.day_s, initial_replicas=warm)
+    return SimpleNamespace(capacity=capacity, shape=shape, day=day, specs=specs, queue_model=queue_model,
+                           initial=initial, simulate=simulate)
+
+
+def ray_default_run(d: SimpleNamespace, s, target: float) -> DayResult:
+    config = RayDefaultConfig(target, 1, s.max_replicas, downscale_delay_s=s.ray_downscale_delay_s)
+    return d.simulate(RayDefaultScaler(config, d.initial))
+
+
 def regime(args, cost, workload: Workload) -> dict:
-    capacity = profile_replica(workload, cost, slo_target=args.slo_target)
-    shape = DiurnalShape(peak_rps=args.peak_replicas * capacity.rate_rps, day_s=args.day_s,
-                         noise_period_s=args.noise_period_s, bursts_per_day=args.bursts,
-                         burst_length_s=tuple(args.burst_s))
-    day = RateCurve.draw(shape, args.seed)
-    specs = day_requests(workload, day, args.seed)
+    d = prepare_day(args, cost, workload)
+    capacity, shape, day, specs, initial = d.capacity, d.shape, d.day, d.specs, d.initial
     tuning_seed = args.seed if args.tuning_seed is None else args.tuning_seed
     tuning_specs = specs if tuning_seed == args.seed else day_requests(workload, RateCurve.draw(shape, tuning_seed),
                                                                         tuning_seed)
-    make, queue_model = replica_factory(args.replica_model, cost, capacity, workload, args.slo_target)
-    initial = max(1, math.ceil(day.rate(0.0) / capacity.rate_rps))
-
-    def simulate(scaler, day_specs, warm: int | None = initial) -> DayResult:
-        return run_day(day_specs, make, scaler, args.startup_s, args.day_s, initial_replicas=warm)
-
     base = PlannerConfig(max_replicas=args.max_replicas, startup_s=args.startup_s, slo_target=args.slo_target)
-    tuned = tune_planner(lambda c: simulate(PlannerScaler(Planner(c, capacity), initial), tuning_specs),
+    tuned = tune_planner(lambda c: d.simulate(PlannerScaler(Planner(c, capacity), initial), tuning_specs),
                          base, args.trials, seed=args.seed)
     planner_scaler = PlannerScaler(Planner(tuned.config, capacity), initial)
-    planner = simulate(planner_scaler, specs)
-    ray_runs = {target: simulate(RayDefaultScaler(RayDefaultConfig(target, 1, args.max_replicas,
-                                                                   downscale_delay_s=args.ray_downscale_delay_s),
-                                                  initial), specs) for target in args.ray_targets}
-    static = static_for_peak(lambda n: simulate(StaticScaler(n), specs, warm=None),
+    planner = d.simulate(planner_scaler)
+    ray_runs = {target: ray_default_run(d, args, target) for target in args.ray_targets}
+    static = static_for_peak(lambda n: d.simulate(StaticScaler(n), warm=None),
                              math.ceil(shape.peak_rps / capacity.rate_rps),
                              math.ceil(day.max_rate() / capacity.rate_rps), args.slo_target)
     ray_best = best(ray_runs, args.slo_target)
     return {
         "replica_model": args.replica_model,
-        "queue_decode_share": queue_model.decode_share if queue_model else None,
+        "queue_decode_share": d.queue_model.decode_share if d.queue_model else None,
         "capacity": dataclasses.asdict(capacity), "requests": len(specs), "bursts": [dataclasses.asdict(b) for b in day.bursts],
         "planner_config": dataclasses.asdict(tuned.config), "tuning_trials": tuned.trials,
         "planner": planner.summary(), "static": {str(n): r.summary() for n, r in static.items()},
@@ -144,8 +162,31 @@ def regime(args, cost, workload: Workload) -> dict:
         "timeline": {"planner": [dataclasses.asdict(p) for p in planner.timeline],
                      "ray_default": [dataclasses.asdict(p) for p in ray_runs[ray_best].timeline] if ray_best else [],
                      "rate_curve": [[t, day.rate(t)] for t in range(0, int(args.day_s), 5)]},
-        "plan": [{"t": t, **dataclasses.asdict(d)} for t, d in planner_scaler.decisions],
+        "plan": [{"t": t, **dataclasses.asdict(decision)} for t, decision in planner_scaler.decisions],
     }
+
+
+def add_ray_targets(path: str, targets: list[float]) -> None:
+    """More of Ray's targets on a results file's days (the same settings, so the same requests): added
+    to its Ray runs, its best target and the planner's ratio over it recomputed, the run recorded
+    under "added" (machine, commit, date, command)."""
+    stored = results_file.read(path)
+    s = SimpleNamespace(**{"replica_model": "engine", **stored["settings"]})
+    cost = ProfileCostModel.named(s.profile)
+    for name, r in stored["regimes"].items():
+        d = prepare_day(s, cost, parse_workload(name, REGIMES[name]))
+        runs = {float(t): ray_default_run(d, s, t) for t in targets}
+        r["ray_default"] |= {str(t): run.summary() for t, run in runs.items()}
+        summaries = {float(t): SimpleNamespace(**v) for t, v in r["ray_default"].items()}
+        ray_best = best(summaries, s.slo_target)
+        if ray_best in runs:
+            r["timeline"]["ray_default"] = [_rounded(dataclasses.asdict(p)) for p in runs[ray_best].timeline]
+            r["timeline"] = compact(r)["timeline"]
+        r["ray_default_best_target"] = ray_best
+        static = {int(n): SimpleNamespace(**v) for n, v in r["static"].items()}
+        r["ratios"] = ratios(SimpleNamespace(**r["planner"]), static, summaries, ray_best, s.slo_target)
+        r.setdefault("added", []).append({"ray_targets": targets, **results_file.meta()})
+    Path(path).write_text(json.dumps(stored, indent=1, default=str) + "\n")
 
 
 MAX_POINTS = 1000        # a stored timeline: a day of real length (8,640 10-s points) is pooled to this many
