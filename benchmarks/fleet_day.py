@@ -66,6 +66,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--burst-s", type=float, nargs=2, default=[5.0, 15.0], help="burst length range")
     p.add_argument("--noise-period-s", type=float, default=20.0)
     p.add_argument("--trials", type=int, default=5, help="Optuna trials of the planner per regime")
+    p.add_argument("--planner-try", metavar="RESULTS", default=None,
+                   help="a results file whose regimes' tuned planner configurations are tried right after the defaults")
     p.add_argument("--ray-targets", type=float, nargs="+", default=[8, 16, 32])
     p.add_argument("--ray-downscale-delay-s", type=float, default=60.0)
     p.add_argument("--max-replicas", type=int, default=16)
@@ -142,8 +144,10 @@ def regime(args, cost, workload: Workload) -> dict:
     tuning_specs = specs if tuning_seed == args.seed else day_requests(workload, RateCurve.draw(shape, tuning_seed),
                                                                         tuning_seed)
     base = PlannerConfig(max_replicas=args.max_replicas, startup_s=args.startup_s, slo_target=args.slo_target)
+    tried = [PlannerConfig(**r["planner_config"]) for r in results_file.read(args.planner_try)["regimes"].values()] \
+        if args.planner_try else []
     tuned = tune_planner(lambda c: d.simulate(PlannerScaler(Planner(c, capacity), initial), tuning_specs),
-                         base, args.trials, seed=args.seed)
+                         base, args.trials, seed=args.seed, also_try=tried)
     planner_scaler = PlannerScaler(Planner(tuned.config, capacity), initial)
     planner = d.simulate(planner_scaler)
     ray_runs = {target: ray_default_run(d, args, target) for target in args.ray_targets}

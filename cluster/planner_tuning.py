@@ -10,7 +10,7 @@ the tuning day."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import optuna
@@ -48,12 +48,14 @@ def suggest(trial: optuna.Trial, base: PlannerConfig) -> PlannerConfig:
 
 
 def tune_planner(run: Callable[[PlannerConfig], DayResult], base: PlannerConfig, trials: int,
-                 seed: int = 0) -> TuningResult:
-    """`run` simulates the tuning day with a config; `trials` of them, TPE, defaults first."""
+                 seed: int = 0, also_try: Sequence[PlannerConfig] = ()) -> TuningResult:
+    """`run` simulates the tuning day with a config; `trials` of them, TPE, defaults first, then
+    `also_try` (e.g. what another regime's tuning chose: a warm start)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed,
                                                                                         n_startup_trials=4))
-    study.enqueue_trial({name: getattr(base, name) for name in TUNED})
+    for config in (base, *also_try):
+        study.enqueue_trial({name: getattr(config, name) for name in TUNED})
     log: list[dict] = []
 
     def objective(trial: optuna.Trial) -> float:
