@@ -227,3 +227,25 @@ def test_ray_default_matches_rays_own_policy_code():
         ours.observe(now, ongoing)
         assert ours.decide(None, now) == current, step
     assert math.isfinite(current)
+
+
+def test_tuning_tries_the_defaults_then_the_given_configurations_and_keeps_the_best_feasible():
+    """A stand-in day: every configuration keeps the SLO target but one scores best (the given one,
+    the warm start), another misses it; TPE's own samples score lower."""
+    from types import SimpleNamespace
+
+    from cluster.planner_tuning import tune_planner
+    base = PlannerConfig(max_replicas=8)
+    warm = PlannerConfig(max_replicas=8, interval_s=17.0, headroom=0.33, forecaster="ewma")
+    seen: list[PlannerConfig] = []
+
+    def run(config: PlannerConfig):
+        seen.append(config)
+        good = 2000.0 if config.interval_s == 17.0 else 1000.0
+        summary = {"attainment": 1.0, "goodput_per_replica_hour": good}
+        return SimpleNamespace(attainment=1.0, goodput_per_replica_hour=good, summary=lambda: summary)
+
+    tuned = tune_planner(run, base, trials=4, seed=3, also_try=[warm])
+    assert seen[0].interval_s == base.interval_s and seen[0].headroom == base.headroom
+    assert (seen[1].interval_s, seen[1].headroom, seen[1].forecaster) == (17.0, 0.33, "ewma")
+    assert len(seen) == 4 and tuned.config.interval_s == 17.0 and tuned.value == 2000.0
