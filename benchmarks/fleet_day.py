@@ -82,22 +82,25 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--plot", default=None)
     p.add_argument("--add-ray-targets", nargs=2, metavar=("RESULTS", "TARGETS"), default=None,
                    help="only run Ray's default policy at more targets (comma-separated) on an existing results "
-                        "file's days and add them to it, then exit")
+                        "file's days and add them to it, then exit (with --plot: plot it)")
     p.add_argument("--compact", metavar="RESULTS", default=None,
-                   help="only rewrite an existing results file as this script now stores one (compact()), then exit")
+                   help="only rewrite an existing results file as this script now stores one (compact()), then exit "
+                        "(with --plot: plot it)")
     return p.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    if args.add_ray_targets:
-        path, targets = args.add_ray_targets
-        add_ray_targets(path, [float(t) for t in targets.split(",")])
-        return
-    if args.compact:
-        stored = results_file.read(args.compact)
-        stored["regimes"] = {name: compact(r) for name, r in stored["regimes"].items()}
-        Path(args.compact).write_text(json.dumps(stored, indent=1, default=str) + "\n")     # its meta kept
+    if args.add_ray_targets or args.compact:
+        if args.add_ray_targets:
+            path, targets = args.add_ray_targets
+            add_ray_targets(path, [float(t) for t in targets.split(",")])
+        else:
+            path, stored = args.compact, results_file.read(args.compact)
+            stored["regimes"] = {name: compact(r) for name, r in stored["regimes"].items()}
+            Path(path).write_text(json.dumps(stored, indent=1, default=str) + "\n")     # its meta kept
+        if args.plot:
+            plot(results_file.read(path), args.plot)
         return
     started = time.time()
     cost = ProfileCostModel.named(args.profile)
