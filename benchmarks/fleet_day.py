@@ -37,7 +37,7 @@ from loadgen.fleet_traffic import DiurnalShape, RateCurve, day_requests  # noqa:
 from loadgen.workload import Workload, load_workload, parse_workload  # noqa: E402
 from policies import Knobs  # noqa: E402
 from simulation.profile_cost_model import ProfileCostModel  # noqa: E402
-from simulation.queue_replica import QueueReplica, fit_queue_model  # noqa: E402
+from cluster.queue_replica import QueueReplica, fit_queue_model  # noqa: E402
 from simulation.workload_run import make_simulator  # noqa: E402
 
 SHAREGPT4 = {"kind": "lognormal", "prompt": {"mean": 2666, "sigma": 0.93, "min": 16, "max": 7168},
@@ -77,7 +77,7 @@ def parse_args() -> argparse.Namespace:
                    "on the measured day, as the Ray baseline's target is tuned)")
     p.add_argument("--replica-model", choices=["engine", "queue"], default="engine",
                    help="engine: each replica the step-level simulator (the real scheduler); queue: a queue of work "
-                        "fitted to the same profile (simulation/queue_replica.py), ~100x faster, for days of real length")
+                        "fitted to the same profile (cluster/queue_replica.py), ~100x faster, for days of real length")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--add-ray-targets", nargs=2, metavar=("RESULTS", "TARGETS"), default=None,

@@ -1,4 +1,4 @@
-"""How far the queue model of a replica (simulation/queue_replica.py) agrees with the step-level
+"""How far the queue model of a replica (cluster/queue_replica.py) agrees with the step-level
 simulator (the real scheduler) on fleet days: the same compressed day and the same fleets (static
 fleets, Ray Serve's default policy, the SLO planner with a given configuration) run on both replica
 models in one run; per fleet, the share of requests within their SLO class, the mean replica count

@@ -1,5 +1,5 @@
 """A fleet of simulated replicas: N single-engine simulators (simulation/simulator.py) of one
-step-time model, or N queue models of it (simulation/queue_replica.py), each on its own virtual
+step-time model, or N queue models of it (cluster/queue_replica.py), each on its own virtual
 clock, advanced together tick by tick.
 
 A replica added at time t loads its model until t + startup_s and takes requests only after; a
@@ -20,7 +20,7 @@ from simulation.simulator import EngineLoad, RequestLike
 
 class ReplicaEngine(Protocol):
     """What the fleet drives of a replica: simulation.simulator.Simulator (the real scheduler step by
-    step) or simulation.queue_replica.QueueReplica (a queue of work, for days of real length)."""
+    step) or cluster.queue_replica.QueueReplica (a queue of work, for days of real length)."""
 
     now: float
     finish_listeners: list[Callable[[RequestRecord], None]]

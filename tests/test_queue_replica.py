@@ -1,4 +1,4 @@
-"""The queue model of a replica (simulation/queue_replica.py): its timings by hand, its order, its
+"""The queue model of a replica (cluster/queue_replica.py): its timings by hand, its order, its
 fit to a capacity profile, and a fleet day run on it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from cluster.replica_capacity import LatencyPoint, ReplicaCapacity
 from engine.slo_class import SloClass, SloClasses
 from loadgen.fleet_traffic import Burst, DiurnalShape, RateCurve
 from loadgen.workload import RequestSpec, parse_workload
-from simulation.queue_replica import QueueModel, QueueReplica, fit_queue_model
+from cluster.queue_replica import QueueModel, QueueReplica, fit_queue_model
 
 CLASSES = SloClasses({"interactive": SloClass("interactive", 2.0, 0.25), "batch": SloClass("batch", 30.0, 2.0)},
                      "interactive")
