@@ -387,13 +387,13 @@ def _fleet_rows(name: str, r: dict) -> list[str]:
     n = ratios.get("static_replicas")
     if n is not None:
         rows.append(_fleet_row(name, f"static for the peak: {n}", r["static"][str(n)],
-                               _vs(ratios["vs_static"], TARGET_VS_STATIC)))
+                               _vs(ratios["vs_static"], TARGET_VS_STATIC, ratios["planner_meets_slo"])))
     best_target = r["ray_default_best_target"]
     for target, run in r["ray_default"].items():
         label = f"Ray default, target {float(target):g}"
         if best_target is not None and float(target) == float(best_target):
             label += f" (best; at most {most('ray_default')} at once)"
-            ratio = _vs(ratios["vs_ray_default"], TARGET_VS_RAY) if "vs_ray_default" in ratios else ""
+            ratio = _vs(ratios["vs_ray_default"], TARGET_VS_RAY, ratios["planner_meets_slo"]) if "vs_ray_default" in ratios else ""
         else:
             ratio = f"{r['planner']['goodput_per_replica_hour'] / run['goodput_per_replica_hour']:.2f}x"
         rows.append(_fleet_row(name, label, run, ratio))
@@ -409,7 +409,9 @@ def _fleet_row(name: str, fleet: str, s: dict, ratio: str) -> str:
             f"{s['goodput_per_replica_hour']:,.0f} | {ratio} |")
 
 
-def _vs(ratio: float, target: float) -> str:
+def _vs(ratio: float, target: float, planner_meets_slo: bool) -> str:
+    if not planner_meets_slo:        # a ratio at a lower attainment is not the target's
+        return f"{ratio:.2f}x, the planner below the SLO target (target {target:g}x)"
     return f"**{ratio:.2f}x** (target {target:g}x)"
 
 
