@@ -119,7 +119,7 @@ class QueueReplica:
             else:
                 self._begin()
         self.now = max(self.now, t_end)
-        if self._next_arrival > 4096:            # forget what has arrived (keeps `load` cheap)
+        if self._next_arrival > 4096:            # forget what has arrived (else the list holds the whole day)
             del self._arrivals[:self._next_arrival]
             self._next_arrival = 0
 
@@ -159,9 +159,9 @@ class QueueReplica:
 
 def fit_queue_model(capacity: ReplicaCapacity, workload: Workload, slo_target: float, seed: int = 0,
                     slo_classes: SloClasses | None = None) -> QueueModel:
-    """The service rate at which a lone replica keeps `slo_target` of the profile's probe requests
-    (the same requests cluster/capacity_profile.py probed with) at the profiled capacity: the
-    largest rate that still misses it is bisected up to (attainment rises with the service rate)."""
+    """The largest decode share at which a lone replica keeps `slo_target` of the profile's probe
+    requests (the same requests cluster/capacity_profile.py probed with) at the profiled capacity,
+    bisected in [0, 0.95] (attainment falls as decoding takes more of the replica's time)."""
     classes = slo_classes or shipped_slo_classes()
     n = max(FIT_MIN_REQUESTS, int(capacity.rate_rps * FIT_PROBE_S))
     specs = at_rate(generate(workload, num_requests=n, seed=seed), capacity.rate_rps)
