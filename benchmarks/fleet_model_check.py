@@ -14,23 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import results_file  # noqa: E402
-from fleet_day import REGIMES, replica_factory  # noqa: E402
-from cluster.capacity_profile import profile_replica  # noqa: E402
-from cluster.fleet_run import run_day  # noqa: E402
+from fleet_day import REGIMES, prepare_day, ray_default_run  # noqa: E402
 from cluster.fleet_scalers import PlannerScaler, StaticScaler  # noqa: E402
 from cluster.planner import Planner  # noqa: E402
 from cluster.planner_config import PlannerConfig  # noqa: E402
-from cluster.ray_default_scaler import RayDefaultConfig, RayDefaultScaler  # noqa: E402
-from loadgen.fleet_traffic import DiurnalShape, RateCurve, day_requests  # noqa: E402
 from loadgen.workload import parse_workload  # noqa: E402
 from simulation.profile_cost_model import ProfileCostModel  # noqa: E402
 
@@ -59,29 +55,22 @@ def main() -> None:
 
 
 def check_regime(name: str, s: dict, recorded: dict, cost, static_sizes: list[int]) -> dict:
+    """The results file's day and fleets on each replica model (fleet_day.prepare_day builds the
+    same day, profile and requests for both)."""
     workload = parse_workload(name, REGIMES[name])
-    capacity = profile_replica(workload, cost, slo_target=s["slo_target"])
-    shape = DiurnalShape(peak_rps=s["peak_replicas"] * capacity.rate_rps, day_s=s["day_s"],
-                         noise_period_s=s["noise_period_s"], bursts_per_day=s["bursts"],
-                         burst_length_s=tuple(s["burst_s"]))
-    day = RateCurve.draw(shape, s["seed"])
-    specs = day_requests(workload, day, s["seed"])
-    initial = max(1, math.ceil(day.rate(0.0) / capacity.rate_rps))
     planner_config = PlannerConfig(**recorded["planner_config"])
-    fleets = {f"static {n}": (lambda n=n: StaticScaler(n), None) for n in static_sizes}
-    fleets |= {f"Ray default, target {t:g}": (lambda t=t: RayDefaultScaler(RayDefaultConfig(
-        t, 1, s["max_replicas"], downscale_delay_s=s["ray_downscale_delay_s"]), initial), initial)
-        for t in s["ray_targets"]}
-    fleets["SLO planner (the results file's tuned configuration)"] = (
-        lambda: PlannerScaler(Planner(planner_config, capacity), initial), initial)
     rows: dict[str, dict] = {}
     for model in MODELS:
-        make, _ = replica_factory(model, cost, capacity, workload, s["slo_target"])
-        for label, (scaler, warm) in fleets.items():
+        settings = SimpleNamespace(**{**s, "replica_model": model})
+        d = prepare_day(settings, cost, workload)
+        fleets = {f"static {n}": lambda n=n: d.simulate(StaticScaler(n), warm=None) for n in static_sizes}
+        fleets |= {f"Ray default, target {t:g}": lambda t=t: ray_default_run(d, settings, t) for t in s["ray_targets"]}
+        fleets["SLO planner (the results file's tuned configuration)"] = \
+            lambda: d.simulate(PlannerScaler(Planner(planner_config, d.capacity), d.initial))
+        for label, run in fleets.items():
             started = time.time()
-            result = run_day(specs, make, scaler(), s["startup_s"], s["day_s"], initial_replicas=warm)
-            rows.setdefault(label, {})[model] = result.summary() | {"wall_s": time.time() - started}
-    return {"requests": len(specs), "fleets": rows, "planner_over_static": planner_ratios(rows, s["slo_target"])}
+            rows.setdefault(label, {})[model] = run().summary() | {"wall_s": time.time() - started}
+    return {"requests": len(d.specs), "fleets": rows, "planner_over_static": planner_ratios(rows, s["slo_target"])}
 
 
 def planner_ratios(rows: dict, slo_target: float) -> dict:

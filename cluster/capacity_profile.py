@@ -36,9 +36,7 @@ def profile_replica(workload: Workload, cost: StepTimeModel, policy: str = DEFAU
     probes: dict[float, tuple[bool, float, float]] = {}
 
     def probe(rate: float) -> bool:
-        n = max(MIN_REQUESTS, int(rate * PROBE_S))
-        specs = at_rate(generate(workload, num_requests=n, seed=seed), rate)
-        run = simulate(specs, cost, policy, knobs)
+        run = simulate(probe_requests(workload, rate, seed), cost, policy, knobs)
         seen = ReplicaTelemetry.of(run.records, SloClass(), 0.0)     # the tightest class's latencies, as the fleet's
         ok = (run.summary.slo_attainment or 0.0) >= slo_target
         probes[rate] = (ok, seen.ttft_mean_s or 0.0, seen.tpot_mean_s or 0.0)
@@ -50,6 +48,12 @@ def profile_replica(workload: Workload, cost: StepTimeModel, policy: str = DEFAU
     points = tuple(LatencyPoint(rate / capacity, ttft, tpot) for rate, (_, ttft, tpot) in sorted(probes.items())
                    if rate <= capacity)
     return ReplicaCapacity(capacity, prompt, output, cached, prefill_s, decode_s, points)
+
+
+def probe_requests(workload: Workload, rate_rps: float, seed: int = 0) -> list[RequestSpec]:
+    """One probe's requests: PROBE_S of arrivals at `rate_rps` (at least MIN_REQUESTS of them)."""
+    n = max(MIN_REQUESTS, int(rate_rps * PROBE_S))
+    return at_rate(generate(workload, num_requests=n, seed=seed), rate_rps)
 
 
 def token_times(cost: StepTimeModel, prompt: float, output: float) -> tuple[float, float]:

@@ -24,18 +24,17 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from cluster.capacity_profile import at_rate
+from cluster.capacity_profile import probe_requests
 from cluster.replica_capacity import ReplicaCapacity
 from engine.outputs import RequestRecord
 from engine.slo_class import SloClasses, shipped_slo_classes
-from loadgen.workload import Workload, generate
+from loadgen.workload import Workload
 from simulation.simulator import EngineLoad, RequestLike
 from telemetry.window import meets_slo
 
 LOAD_TIME_CONSTANT_S = 30.0      # the recent arrival rate the decode share and speed follow
 MAX_LOAD = 1.5                   # the decode share grows with the load up to this (x capacity); past it prompts queue
 MIN_PREFILL_SHARE = 0.05         # prefill never starves entirely
-FIT_PROBE_S, FIT_MIN_REQUESTS = 90.0, 300    # the profile's probe (cluster/capacity_profile.py)
 
 
 @dataclass(frozen=True)
@@ -163,8 +162,7 @@ def fit_queue_model(capacity: ReplicaCapacity, workload: Workload, slo_target: f
     requests (the same requests cluster/capacity_profile.py probed with) at the profiled capacity,
     bisected in [0, 0.95] (attainment falls as decoding takes more of the replica's time)."""
     classes = slo_classes or shipped_slo_classes()
-    n = max(FIT_MIN_REQUESTS, int(capacity.rate_rps * FIT_PROBE_S))
-    specs = at_rate(generate(workload, num_requests=n, seed=seed), capacity.rate_rps)
+    specs = probe_requests(workload, capacity.rate_rps, seed)
 
     def attainment(decode_share: float) -> float:
         replica = QueueReplica(QueueModel(capacity, decode_share, classes))
