@@ -160,8 +160,9 @@ class DayRun:
         live = [r for r in self.fleet.live() if not r.draining]
         serving = [r for r in live if r.ready(now)]
         kv = sum(r.sim.kv_usage for r in serving) / len(serving) if serving else 0.0
+        queued = sum(r.sim.load.queued_tokens for r in live) + sum(s.prompt_tokens + s.output_tokens for s in self.backlog)
         telemetry = self._interval.telemetry(self.scaler.interval_s, [rec for _, rec in new], kv,
-                                             len(serving), len(live) - len(serving))
+                                             len(serving), len(live) - len(serving), queued)
         self._interval = _Accumulator()
         return telemetry
 
@@ -202,9 +203,9 @@ class _Accumulator:
         self.output_tokens += spec.output_tokens
 
     def telemetry(self, interval_s: float, finished: list[RequestRecord], kv_usage: float, serving: int,
-                  starting: int) -> FleetTelemetry:
+                  starting: int, queued_tokens: int) -> FleetTelemetry:
         return FleetTelemetry.of(interval_s, self.arrivals, self.prompt_tokens, self.output_tokens, self.cached_tokens,
-                                 ReplicaTelemetry.of(finished, SloClass(), kv_usage), serving, starting)
+                                 ReplicaTelemetry.of(finished, SloClass(), kv_usage), serving, starting, queued_tokens)
 
 
 def run_day(specs: Sequence[RequestSpec], make_simulator: Callable[[], ReplicaEngine], scaler: Scaler,

@@ -2,6 +2,8 @@
 cluster/planner_service.py runs it in the ingress, cluster/fleet_run.py in the fleet simulator).
 
     forecast = forecaster(the past intervals' arrival rates, horizon = start-up + interval)
+               + the requests now waiting for a first token / backlog_drain_s (a burst's queue: the
+               replicas holding it serve nothing new until it drains, so new arrivals need others)
     per replica = capacity of the observed mix (prompt/output lengths, prefix hit rate),
                   its prefill and decode parts scaled by observed/profiled TTFT and TPOT
                   (read only in settled intervals within the SLO target, see below; the last
@@ -32,7 +34,8 @@ HISTORY = 240        # intervals of rates the forecaster sees
 class PlanDecision:
     target: int                 # replicas (serving + starting) wanted from now on
     wanted: int                 # what the load asked for before hysteresis and bounds
-    forecast_rps: float
+    forecast_rps: float         # arrivals' forecast + the backlog's drain rate
+    backlog_rps: float          # the latter
     per_replica_rps: float
     prefill_factor: float
     decode_factor: float
@@ -51,15 +54,17 @@ class Planner:
     def decide(self, telemetry: FleetTelemetry, now: float) -> PlanDecision:
         c = self.config
         self.rates.append(telemetry.rate_rps)
-        predicted = forecast(self.rates, c.forecaster, c.alpha, c.beta, c.horizon_intervals)
+        arrivals = forecast(self.rates, c.forecaster, c.alpha, c.beta, c.horizon_intervals)
         settled = self._settled(telemetry, now)
         within = telemetry.attainment is None or telemetry.attainment >= c.slo_target
         if settled and within:      # else its latencies are a backlog's (the guard below answers a miss)
             self._factors = latency_factors(telemetry, self.capacity, c)
         prefill, decode = self._factors
-        per_replica = self.capacity.rate_for(telemetry.prompt_tokens or self.capacity.prompt_tokens,
-                                             telemetry.output_tokens or self.capacity.output_tokens,
-                                             telemetry.cached_fraction, prefill, decode)
+        prompt = telemetry.prompt_tokens or self.capacity.prompt_tokens
+        output = telemetry.output_tokens or self.capacity.output_tokens
+        per_replica = self.capacity.rate_for(prompt, output, telemetry.cached_fraction, prefill, decode)
+        backlog = telemetry.queued_tokens / (prompt + output) / c.backlog_drain_s
+        predicted = arrivals + backlog
         wanted = replicas_for(predicted, per_replica, c.headroom)
         missed = telemetry.attainment is not None and telemetry.finished >= c.min_samples \
             and telemetry.attainment < c.slo_target and settled
@@ -74,7 +79,7 @@ class Planner:
         if bounded > self.current:
             self._last_up = now
         self.current = bounded
-        return PlanDecision(bounded, wanted, predicted, per_replica, prefill, decode, reason)
+        return PlanDecision(bounded, wanted, predicted, backlog, per_replica, prefill, decode, reason)
 
     def _settled(self, telemetry: FleetTelemetry, now: float) -> bool:
         """Whether the last scale-up has served a whole interval: no replica is loading and

@@ -22,6 +22,8 @@ class PlannerConfig:
     headroom: float = 0.2               # spare capacity kept above the forecast load (0.2: 20%); below 0 the
                                         # fleet runs each replica past one replica's profiled capacity (it pools queues)
     scale_down_delay_s: float = 120.0   # load must want fewer replicas this long before one leaves
+    backlog_drain_s: float = 60.0       # requests waiting for a first token are load to serve within this long
+                                        # (a burst's queue sizes the scale-up, not only its arrival rate)
     startup_s: float = 60.0             # a new replica's start-up (model load): the forecast looks this far ahead
     slo_target: float = 0.99            # attainment below this in an interval adds a replica
     correction_min: float = 0.5         # bounds of the observed/predicted latency factors
@@ -43,6 +45,8 @@ class PlannerConfig:
             raise ValueError(f"planner: headroom must be > -1, got {self.headroom}")
         if self.scale_down_delay_s < 0 or self.startup_s < 0:
             raise ValueError("planner: scale_down_delay_s and startup_s must be >= 0")
+        if not self.backlog_drain_s > 0:
+            raise ValueError(f"planner: backlog_drain_s must be > 0, got {self.backlog_drain_s}")
         if not 0 < self.slo_target <= 1:
             raise ValueError(f"planner: slo_target must be in (0, 1], got {self.slo_target}")
         if not 0 < self.correction_min <= 1 <= self.correction_max:

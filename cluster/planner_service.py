@@ -72,9 +72,11 @@ class PlannerService:
         return decision
 
     def telemetry(self, replicas: ReplicaTelemetry) -> FleetTelemetry:
-        serving = sum(self.router.loads[r].healthy for r in self.active if r in self.router.loads)
+        loads = [self.router.loads[r] for r in self.active if r in self.router.loads]
+        serving = sum(load.healthy for load in loads)
         telemetry = FleetTelemetry.of(self.config.interval_s, self._arrivals, self._prompt, self._output, self._cached,
-                                      replicas, serving, len(self.active) - serving)
+                                      replicas, serving, len(self.active) - serving,
+                                      sum(load.queued_tokens for load in loads))
         self._arrivals = self._prompt = self._output = self._cached = 0
         return telemetry
 
@@ -109,4 +111,5 @@ class PlannerService:
         d = self.last
         return {"active": self.active, "draining": self.draining, "inflight": dict(self.inflight),
                 "last": None if d is None else {"target": d.target, "wanted": d.wanted, "reason": d.reason,
-                                                "forecast_rps": d.forecast_rps, "per_replica_rps": d.per_replica_rps}}
+                                                "forecast_rps": d.forecast_rps, "backlog_rps": d.backlog_rps,
+                                                "per_replica_rps": d.per_replica_rps}}

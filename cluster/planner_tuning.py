@@ -18,7 +18,7 @@ import optuna
 from cluster.fleet_run import DayResult
 from cluster.planner_config import FORECASTERS, PlannerConfig
 
-TUNED = ("interval_s", "forecaster", "alpha", "beta", "headroom", "scale_down_delay_s")
+TUNED = ("interval_s", "forecaster", "alpha", "beta", "headroom", "scale_down_delay_s", "backlog_drain_s")
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ def suggest(trial: optuna.Trial, base: PlannerConfig) -> PlannerConfig:
         # Below 0: replicas behind one load-balancing router pool their queues and each sustains more
         # than the lone replica the capacity was profiled on (a static 8 carried 1.07x its capacity)
         headroom=trial.suggest_float("headroom", -0.3, 0.5),
-        scale_down_delay_s=trial.suggest_float("scale_down_delay_s", 0.0, 300.0))
+        scale_down_delay_s=trial.suggest_float("scale_down_delay_s", 0.0, 300.0),
+        backlog_drain_s=trial.suggest_float("backlog_drain_s", 10.0, 600.0, log=True))
 
 
 def tune_planner(run: Callable[[PlannerConfig], DayResult], base: PlannerConfig, trials: int,

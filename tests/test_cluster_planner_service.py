@@ -64,7 +64,9 @@ def test_an_interval_sums_arrivals_and_the_replicas_answers():
     for _ in range(3):
         s.on_routed(100, 20, 50)
     answers = [ReplicaTelemetry(4, 3, 2.0, 0.4, 4, 0.5, ttft_count=4), ReplicaTelemetry(0, 0, 0.0, 0.0, 0, 0.1)]
+    s.router.update("replica-0", ReplicaLoad(queued_tokens=360, running_tokens=500, incarnation="1"))
     seen = s.telemetry(ReplicaTelemetry.total(answers))
+    assert seen.queued_tokens == 360           # the queue the router last heard of, the planner's backlog
     assert (seen.arrivals, seen.rate_rps, seen.prompt_tokens, seen.output_tokens, seen.cached_fraction) == \
         (3, 3.0, 100, 20, 0.5)
     assert (seen.finished, seen.ttft_s, seen.tpot_s, seen.attainment) == (4, 0.5, 0.1, 0.75)

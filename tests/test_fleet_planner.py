@@ -172,6 +172,17 @@ def test_the_forecast_looks_ahead_over_the_start_up():
     assert ramp.forecast_rps == pytest.approx(50) and ramp.target == 5
 
 
+def test_a_queue_waiting_for_first_tokens_is_load_to_drain_within_the_backlog_drain_time():
+    config = PlannerConfig(interval_s=10, forecaster="last", headroom=0.0, backlog_drain_s=20, max_replicas=20)
+    # 20 req/s arriving; 11,000 tokens waiting = 10 requests of 1000 + 100 tokens, over 20 s: 0.5 req/s more
+    small = plan(Planner(config, CAPACITY), 10, 20, queued_tokens=11_000)
+    assert (small.backlog_rps, small.forecast_rps, small.target) == (pytest.approx(0.5), pytest.approx(20.5), 3)
+    # a burst's queue: 1,100 requests over 20 s is 55 req/s more than the 20 arriving: 8 replicas, not 2
+    burst = plan(Planner(config, CAPACITY), 10, 20, queued_tokens=1_210_000)
+    assert (burst.backlog_rps, burst.target) == (pytest.approx(55), 8)
+    assert plan(Planner(config, CAPACITY), 10, 20).target == 2
+
+
 # -- settings --
 @pytest.mark.parametrize("fields, message", [
     ({"min_replicas": 0}, "1 <= min_replicas <= max_replicas"),
@@ -181,6 +192,7 @@ def test_the_forecast_looks_ahead_over_the_start_up():
     ({"alpha": 0}, "0 < alpha <= 1"),
     ({"headroom": -1.0}, "headroom must be > -1, got -1.0"),
     ({"scale_down_delay_s": -1}, "scale_down_delay_s and startup_s must be >= 0"),
+    ({"backlog_drain_s": 0}, "backlog_drain_s must be > 0, got 0"),
     ({"slo_target": 1.5}, "slo_target must be in (0, 1]"),
     ({"correction_min": 1.5}, "correction_min <= 1 <= correction_max"),
 ])

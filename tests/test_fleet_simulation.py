@@ -86,6 +86,17 @@ def test_scale_up_waits_for_the_model_load_and_telemetry_reports_the_interval():
     assert (scaler.seen[1].serving, scaler.seen[1].starting) == (1, 1)
 
 
+def test_telemetry_reports_the_queue_waiting_for_first_tokens():
+    """A burst of 400 req/s on one replica (~40 req/s of capacity): at the first plan most of its
+    2,000 requests wait, and the planner reads their work (prompt + output tokens) as its backlog."""
+    scaler = Script([(0, 1)], interval_s=5.0)
+    DayRun(simulator, scaler, startup_s=10, initial_replicas=1).run(specs(2000, rate=400), duration_s=6)
+    assert 1000 * (512 + 200) < scaler.seen[0].queued_tokens <= 2000 * (512 + 200)
+    steady = Script([(0, 2)], interval_s=5.0)
+    DayRun(simulator, steady, startup_s=10, initial_replicas=2).run(specs(75, rate=15), duration_s=6)
+    assert steady.seen[0].queued_tokens < 5 * (512 + 200)
+
+
 def test_a_static_fleet_holds_its_size_and_counts_every_replica_hour():
     run = DayRun(simulator, StaticScaler(3), startup_s=30)
     result = run.run(specs(100, rate=10), duration_s=30)
