@@ -420,9 +420,11 @@ def _tuning_text(name: str, r: dict, run: dict) -> str:
     day = "the measured day" if trials and trials[0]["requests"] == r["requests"] else \
         f"another day ({trials[0]['requests']:,} requests)" if trials else "no day"
     best_kept = max((t["attainment"] for t in trials), default=float("nan"))
+    drain = f", backlog drain {c['backlog_drain_s']:.0f} s" if "backlog_drain_s" in c else ""   # since stop 53
     return (f"- {name}: {len(trials)} Optuna trials on {day}: the defaults (first trial) kept "
-            f"{trials[0]['attainment']:.1%}, the best trial {best_kept:.1%}; chosen: {c['forecaster']}, interval "
-            f"{c['interval_s']:.0f} s, headroom {c['headroom']:.2f}, scale-down delay {c['scale_down_delay_s']:.0f} s.")
+            f"{trials[0]['attainment']:.1%}, the most any trial kept {best_kept:.1%}; chosen: {c['forecaster']}, "
+            f"interval {c['interval_s']:.0f} s, headroom {c['headroom']:.2f}, scale-down delay "
+            f"{c['scale_down_delay_s']:.0f} s{drain}.")
 
 
 if __name__ == "__main__":
