@@ -14,8 +14,8 @@ from simulation.simulator import Simulator
 from simulation.workload_run import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
-from autotuner.warm_start import (RATE_MARGIN, SimulatorWarmStart, WarmStartJob, best_configurations, observed_workload, search,
-                                  seed_points, slo_token_budget)
+from autotuner.warm_start import (INCUMBENT_MARGIN, RATE_MARGIN, SimulatorWarmStart, WarmStartJob, best_configurations,
+                                  observed_workload, search, seed_points, serving_first, slo_token_budget)
 from loadgen.workload import generate, load_workload
 from simulation.cost_model import CostModel
 from policies import Knobs
@@ -47,6 +47,20 @@ def test_without_a_feasible_configuration_the_best_values_are_tried():
     study = study_with([(64, 0.1, 0.4), (512, 0.3, 1.5), (128, 0.2, 0.05), (256, 0.6, 0.0)])
     chosen = best_configurations(study, load_search_space(), keep=3)
     assert [c["token_budget"] for c in chosen] == [256, 512, 128]
+
+
+def test_the_knobs_serving_now_stay_first_unless_another_scores_clearly_better():
+    space = load_search_space()
+
+    def first(results):
+        study = study_with(results)
+        return [c["token_budget"] for c in serving_first(study, space, best_configurations(study, space, keep=2))]
+
+    close = 1.0 - INCUMBENT_MARGIN / 2
+    assert first([(2048, close, 0.0), (160, 1.0, 0.0), (256, 0.9, 0.0)]) == [2048, 160]    # within the margin
+    assert first([(2048, 0.9, 0.0), (160, 1.0, 0.0), (256, 0.95, 0.0)]) == [160, 256]      # clearly worse
+    assert first([(2048, 1.0, 0.2), (160, 0.99, 0.0), (256, 0.9, 0.0)]) == [160, 256]      # missed the SLO
+    assert first([(2048, 1.0, 0.0), (160, 0.9, 0.0)]) == [2048, 160]                       # the best already
 
 
 def test_cold_start_budget_is_the_largest_chunk_within_the_tbt_slo():
