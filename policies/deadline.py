@@ -163,10 +163,17 @@ class DeadlinePolicy:
         cap = knobs.long_prefill_token_threshold or knobs.token_budget
         keep = int(knobs.kv_admission_watermark * view.total_blocks) if step.running else 0
         num_partial, prefilled = len(partial), 0
+        partial_ahead = len(partial)        # partial prompts not yet reached in deadline order
         for seq in candidates:
             waiting = id(seq) not in partial
             if waiting and num_partial >= knobs.max_partial_prefills:
-                return
+                if not partial_ahead:
+                    return
+                # no slot for a new prompt, but a partial one due later still runs: stopping here
+                # scheduled nothing at all while a prompt due earlier waited (a deadlock, seen on
+                # the CPU's mixed-classes: batch prompts part-way, interactive ones queued ahead)
+                continue
+            partial_ahead -= not waiting
             need = remaining_tokens(seq)
             room = min(step.tokens_left, cap, need)
             if room <= 0:

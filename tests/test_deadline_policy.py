@@ -157,6 +157,27 @@ def test_no_decode_running_lets_the_budget_alone_cap_the_step():
     assert prefill_tokens(plan) == 1024
 
 
+def part_way(i: int, prompt: int, computed: int, arrived_ago: float, slo: SloClass = BATCH) -> Request:
+    """A prompt part-way through its prefill."""
+    r = Request(f"p{i}", [7] * prompt, SamplingParams(max_tokens=16), NOW - arrived_ago, slo=slo)
+    r.num_computed_tokens = computed
+    r.block_table = list(range(-(-computed // 16)))
+    return r
+
+
+def test_full_partial_slots_let_the_partial_prompts_run_while_a_new_one_due_first_waits():
+    """Two batch prompts part-way (due in 25 and 29 s) fill max_partial_prefills; an interactive
+    prompt due in 1.5 s cannot start. The step goes on with the partial ones (it used to schedule
+    nothing, every step: a deadlock, as the slots never freed)."""
+    running = [part_way(0, 3000, 1000, arrived_ago=5.0), part_way(1, 2000, 208, arrived_ago=1.0)]
+    plan = POLICY.plan(view(running, [waiting(0, 500, arrived_ago=0.5)]), Knobs(token_budget=512, max_partial_prefills=2))
+    assert [(c.request_id, c.num_tokens) for c in plan.scheduled] == [("p0", 512)]
+    both = POLICY.plan(view(running, [waiting(0, 500, arrived_ago=0.5)]), Knobs(token_budget=4096, max_partial_prefills=2))
+    assert [c.request_id for c in both.scheduled] == ["p0", "p1"]                  # still no new prompt
+    freed = POLICY.plan(view(running, [waiting(0, 500, arrived_ago=0.5)]), Knobs(token_budget=512, max_partial_prefills=3))
+    assert [c.request_id for c in freed.scheduled][0] == "w0"                      # a slot: deadline order
+
+
 def test_batch_decodes_let_steps_grow_toward_their_target():
     queue = [waiting(0, 3000, slo=BATCH)]
     interactive = prefill_tokens(POLICY.plan(view([decode(0, 0.0)], queue), Knobs(token_budget=4096)))
