@@ -170,11 +170,11 @@ def best_configurations(study: optuna.Study, space: SearchSpace, keep: int) -> l
 def serving_first(study: optuna.Study, space: SearchSpace, best: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`best` with the knobs serving now (the study's first trial) first when they met the SLO and
     scored within INCUMBENT_MARGIN of the best configuration that did."""
-    done = [t for t in study.trials if t.value is not None]
-    feasible = [t.value for t in done if slo_excess(t.constraints) == 0]
+    feasible = [t.value for t in study.trials if t.value is not None and slo_excess(t.constraints) == 0]
+    if not feasible:
+        return best
     serving = study.trials[0]
-    if not feasible or serving.value is None or slo_excess(serving.constraints) > 0 \
-            or serving.value < max(feasible) - INCUMBENT_MARGIN:
+    if serving.value is None or slo_excess(serving.constraints) > 0 or serving.value < max(feasible) - INCUMBENT_MARGIN:
         return best
     params = space.snap(serving.params)
     return [params, *[p for p in best if p != params]][:max(1, len(best))]
