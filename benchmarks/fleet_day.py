@@ -98,7 +98,7 @@ def main() -> None:
         else:
             path, stored = args.compact, results_file.read(args.compact)
             stored["regimes"] = {name: compact(r) for name, r in stored["regimes"].items()}
-            Path(path).write_text(json.dumps(stored, indent=1, default=str) + "\n")     # its meta kept
+            rewrite(path, stored)
         if args.plot:
             plot(results_file.read(path), args.plot)
         return
@@ -187,12 +187,17 @@ def add_ray_targets(path: str, targets: list[float]) -> None:
         summaries = {float(t): SimpleNamespace(**v) for t, v in r["ray_default"].items()}
         ray_best = best(summaries, s.slo_target)
         if ray_best in runs:
-            r["timeline"]["ray_default"] = [_rounded(dataclasses.asdict(p)) for p in runs[ray_best].timeline]
+            r["timeline"]["ray_default"] = [dataclasses.asdict(p) for p in runs[ray_best].timeline]
             r["timeline"] = compact(r)["timeline"]
         r["ray_default_best_target"] = ray_best
         static = {int(n): SimpleNamespace(**v) for n, v in r["static"].items()}
         r["ratios"] = ratios(SimpleNamespace(**r["planner"]), static, summaries, ray_best, s.slo_target)
         r.setdefault("added", []).append({"ray_targets": targets, **results_file.meta()})
+    rewrite(path, stored)
+
+
+def rewrite(path: str, stored: dict) -> None:
+    """A results file rewritten in place, its meta kept as it was (results_file.write would add a new one)."""
     Path(path).write_text(json.dumps(stored, indent=1, default=str) + "\n")
 
 
