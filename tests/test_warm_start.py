@@ -15,7 +15,8 @@ from simulation.workload_run import make_simulator, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
 from autotuner.warm_start import (INCUMBENT_MARGIN, RATE_MARGIN, SimulatorWarmStart, WarmStartJob, best_configurations,
-                                  observed_workload, search, seed_points, serving_first, slo_token_budget)
+                                  observed_workload, search, seed_points, slo_token_budget,
+                                  ties_ranked_under_stress)
 from loadgen.workload import generate, load_workload
 from simulation.cost_model import CostModel
 from policies import Knobs
@@ -49,18 +50,25 @@ def test_without_a_feasible_configuration_the_best_values_are_tried():
     assert [c["token_budget"] for c in chosen] == [256, 512, 128]
 
 
-def test_the_knobs_serving_now_stay_first_unless_another_scores_clearly_better():
+def test_ties_are_ranked_under_stress_the_knobs_serving_first_unless_it_separates_them():
+    """Budgets scored within INCUMBENT_MARGIN of the best that met the SLO are re-ranked by their
+    value at the stress rate (here a made-up table); the knobs serving now (the first trial) stay
+    first unless the stress run puts another clearly above them."""
     space = load_search_space()
 
-    def first(results):
+    def first(results, stress):
         study = study_with(results)
-        return [c["token_budget"] for c in serving_first(study, space, best_configurations(study, space, keep=2))]
+        ranked = ties_ranked_under_stress(study, space, best_configurations(study, space, keep=2),
+                                          lambda params: stress[params["token_budget"]])
+        return [c["token_budget"] for c in ranked]
 
     close = 1.0 - INCUMBENT_MARGIN / 2
-    assert first([(2048, close, 0.0), (160, 1.0, 0.0), (256, 0.9, 0.0)]) == [2048, 160]    # within the margin
-    assert first([(2048, 0.9, 0.0), (160, 1.0, 0.0), (256, 0.95, 0.0)]) == [160, 256]      # clearly worse
-    assert first([(2048, 1.0, 0.2), (160, 0.99, 0.0), (256, 0.9, 0.0)]) == [160, 256]      # missed the SLO
-    assert first([(2048, 1.0, 0.0), (160, 0.9, 0.0)]) == [2048, 160]                       # the best already
+    stress = {2048: 0.9, 160: 0.9 + INCUMBENT_MARGIN / 2, 256: 0.95, 32: 0.6}
+    assert first([(2048, close, 0.0), (160, 1.0, 0.0), (256, 0.9, 0.0)], stress) == [2048, 160]   # tied there too
+    assert first([(32, close, 0.0), (2048, 1.0, 0.0), (160, 0.9, 0.0)], stress) == [2048, 32]     # stress separates
+    assert first([(2048, 0.9, 0.0), (160, 1.0, 0.0), (256, close, 0.0)], stress) == [256, 160]    # not tied: by stress
+    assert first([(2048, 1.0, 0.2), (160, 0.99, 0.0), (256, 0.9, 0.0)], stress) == [160, 256]     # missed the SLO
+    assert first([(2048, 1.0, 0.0), (160, 0.9, 0.0)], stress) == [2048, 160]                      # nothing tied
 
 
 def test_cold_start_budget_is_the_largest_chunk_within_the_tbt_slo():
