@@ -53,13 +53,13 @@ def test_without_a_feasible_configuration_the_best_values_are_tried():
 def test_ties_are_ranked_under_stress_the_knobs_serving_first_unless_it_separates_them():
     """Budgets scored within INCUMBENT_MARGIN of the best that met the SLO are re-ranked by their
     value at the stress rate (here a made-up table); the knobs serving now (the first trial) stay
-    first unless the stress run puts another clearly above them."""
+    first unless the stress run puts another clearly above them, and without a stress run."""
     space = load_search_space()
 
     def first(results, stress):
         study = study_with(results)
-        ranked = ties_ranked_under_stress(study, space, best_configurations(study, space, keep=2),
-                                          lambda params: stress[params["token_budget"]])
+        value = None if stress is None else (lambda params: stress[params["token_budget"]])
+        ranked = ties_ranked_under_stress(study, space, best_configurations(study, space, keep=2), value)
         return [c["token_budget"] for c in ranked]
 
     close = 1.0 - INCUMBENT_MARGIN / 2
@@ -69,6 +69,9 @@ def test_ties_are_ranked_under_stress_the_knobs_serving_first_unless_it_separate
     assert first([(2048, 0.9, 0.0), (160, 1.0, 0.0), (256, close, 0.0)], stress) == [256, 160]    # not tied: by stress
     assert first([(2048, 1.0, 0.2), (160, 0.99, 0.0), (256, 0.9, 0.0)], stress) == [160, 256]     # missed the SLO
     assert first([(2048, 1.0, 0.0), (160, 0.9, 0.0)], stress) == [2048, 160]                      # nothing tied
+    # too few observed requests for a stress run: the knobs serving stay first while tied
+    assert first([(32, close, 0.0), (2048, 1.0, 0.0), (160, 0.9, 0.0)], None) == [32, 2048]
+    assert first([(2048, 0.9, 0.0), (160, 1.0, 0.0), (256, close, 0.0)], None) == [160, 256]
 
 
 def test_cold_start_budget_is_the_largest_chunk_within_the_tbt_slo():
