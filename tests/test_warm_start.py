@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
 
 from autotuner import warm_start
@@ -187,3 +189,20 @@ def test_simulated_tuning_spends_the_error_budget_over_the_controllers_context_w
     assert searched, "the warm start never searched"
     assert len(built) > len(searched) + len(VLLM_DEFAULTS)
     assert {sim.scheduler.error_budget.horizon_s for sim in built} == {45.0}
+
+
+def test_the_search_ranks_ties_under_stress_only_on_enough_observed_requests(monkeypatch):
+    """Fewer than MIN_STRESS_SAMPLES observed requests: no stress run (None); enough: a callable that
+    simulates a configuration at the stress rate."""
+    seen = []
+    monkeypatch.setattr(warm_start, "ties_ranked_under_stress",
+                        lambda study, space, best, value: seen.append(value) or best)
+    cost = CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
+    knobs = {k: v for k, v in Knobs().as_dict().items() if k != "version"}
+    lengths = [(100 + 7 * i, 20 + i, 0) for i in range(warm_start.MIN_STRESS_SAMPLES)]
+    job = WarmStartJob(cost, load_search_space(), SloClass(ttft_s=2.0, tbt_s=0.25), "deadline", knobs,
+                       lengths[:-1], 0.5, trials=2, keep=2)
+    search(job)
+    search(replace(job, lengths=lengths))
+    assert seen[0] is None and callable(seen[1])
+    assert seen[1]({"token_budget": 256}) > 1.0     # at 1 request/s all within the SLO, TTFT to spare
