@@ -138,11 +138,17 @@ def search(job: WarmStartJob) -> list[dict[str, Any]]:
         return result.value
 
     study.optimize(objective, n_trials=job.trials)
-    best = best_configurations(study, job.space, job.keep)
+    return ties_ranked_under_stress(study, job.space, best_configurations(study, job.space, job.keep),
+                                    stress_value(job))
+
+
+def stress_value(job: WarmStartJob) -> Callable[[dict[str, Any]], float] | None:
+    """A configuration's simulated value at STRESS_MARGIN times the observed rate; None with fewer
+    than MIN_STRESS_SAMPLES observed requests to resample from."""
     if len(job.lengths) < MIN_STRESS_SAMPLES:
-        return ties_ranked_under_stress(study, job.space, best, None)
+        return None
     stress = observed_workload(job.lengths, STRESS_MARGIN * job.rate_rps, job.seed + 1)
-    return ties_ranked_under_stress(study, job.space, best, lambda params: simulated_score(job, stress, params).value)
+    return lambda params: simulated_score(job, stress, params).value
 
 
 def simulated_score(job: WarmStartJob, specs: list[RequestSpec], params: dict[str, Any]) -> Score:
