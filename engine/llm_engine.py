@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import itertools
 from collections import Counter
@@ -18,6 +17,7 @@ from engine.model.checkpoint import load_checkpoint, resolve_model
 from engine.model.detokenizer import Detokenizer
 from engine.engine_config import EngineConfig
 from engine.errors import InvalidRequestError, ModelLoadError
+from engine.idle_memory import return_free_heap
 from engine.model_runner import ModelRunner, StepTiming
 from engine.outputs import RequestOutput, RequestRecord, StepRecord
 from engine.kv_cache.kv_groups import KvGroups, window_shape
@@ -35,10 +35,7 @@ log = logging.getLogger(__name__)
 def release_freed_memory() -> None:
     """Give the dequantized checkpoint's freed heap back to the OS (glibc keeps it otherwise)."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to do
+    return_free_heap()
 
 DEFAULT_MAX_MODEL_LEN = 8192   # unless max_model_len says otherwise: a longer limit only grows the RoPE tables and
                                # lets one request hold more of the KV pool than a small CPU pool has
@@ -203,6 +200,12 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
+
+    def release_idle_memory(self) -> None:
+        """Give back what only a running step needs (engine/idle_memory.py); for when no step runs."""
+        if self.runner.quantized_path is not None:
+            self.runner.quantized_path.kernels.drop_scratch()
+        return_free_heap()
 
     def set_knobs(self, **changes) -> Knobs:
         """Validated now, applied at the next step boundary; the current knobs stay on error."""

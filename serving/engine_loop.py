@@ -3,7 +3,7 @@
 Handlers make (tokenize + validate) a request on their own thread, submit it with a sink that
 receives every RequestOutput, and may abort it. The loop thread alone touches engine state: it
 drains submissions and aborts between steps, steps while there is work, and sleeps on the inbox
-when idle.
+when idle; a whole idle wait gives back the memory the steps left (LLMEngine.release_idle_memory).
 
 A failure the loop can contain (a step that raised outside any one request) fails the requests in
 flight and the loop goes on. One it cannot (an exception escaping that containment, the same
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 Sink = Callable[[RequestOutput], None]
 MAX_FAILURES_IN_A_ROW = 3      # contained failures with no good iteration between: the engine is broken
 WATCHDOG_PERIOD_S = 0.5
+IDLE_WAIT_S = 0.5              # the idle loop sleeps this long on the inbox; a whole wait empty gives memory back
 
 
 class QueueFullError(RuntimeError):
@@ -112,12 +113,19 @@ class EngineLoop:
 
     def _serve(self) -> None:
         failures = 0
+        released = True   # the memory steps leave behind was given back since the last step
         while not self._stopping.is_set() and self.failure is None:   # a loop declared dead (stuck) stops
             self._beat = time.monotonic()
             try:
-                self._drain(block=not self.engine.has_unfinished())
+                idle = not self.engine.has_unfinished()
+                self._drain(block=idle)
                 if self.engine.has_unfinished():
                     self._deliver(self.engine.step())
+                    released = False
+                elif idle and not released:
+                    # idle through an inbox wait (IDLE_WAIT_S) after the last step: not a gap between requests
+                    self.engine.release_idle_memory()
+                    released = True
                 failures = 0
             except Exception:
                 failures += 1
@@ -130,7 +138,7 @@ class EngineLoop:
 
     def _drain(self, block: bool) -> None:
         try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            item = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
             while True:
                 self._handle(*item)
                 item = self._inbox.get_nowait()

@@ -371,6 +371,33 @@ def test_loader_keeps_supported_types_and_dequantizes_the_rest(mixed_gguf):
     assert type(layer.mlp.down_proj) is torch.nn.Linear                  # Q5_1: dequantized at load
 
 
+def mapped_file(tensor: torch.Tensor) -> str | None:
+    """The file whose memory map holds the tensor's first byte (None: anonymous memory)."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) > 5 and fields[5].startswith("/") else None
+    raise AssertionError("address not mapped")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads Linux's /proc/self/maps")
+def test_an_untied_embedding_table_stays_mapped_from_the_file(mixed_gguf):
+    """Lookups read its rows from the file's pages (most of a 150k-token vocabulary is never read); the
+    untied head, which every step reads whole, is copied. A tied table is the head: copied too (the
+    bundled SmolLM2)."""
+    from engine.model.checkpoint import bundled_model_path
+    from tests.conftest import make_engine
+    model = make_engine(mixed_gguf, weights="quantized", quantized_max_rows=16).runner.model
+    assert mapped_file(model.model.embed_tokens.weight_q.data) == os.path.realpath(mixed_gguf)
+    assert mapped_file(model.lm_head.parts[0].data) is None
+    tied = make_engine(bundled_model_path(), weights="quantized", quantized_max_rows=16).runner.model
+    assert tied.config.tie_word_embeddings
+    assert mapped_file(tied.model.embed_tokens.weight_q.data) is None
+
+
 @pytest.mark.parametrize("max_rows", [64, 0], ids=["kernels", "dequantize+gemm"])
 def test_quantized_model_generates_like_the_dequantized_one(mixed_gguf, max_rows, monkeypatch):
     """Same GGUF, weights=quantized (all steps on the kernels, or all on the dense path) vs weights=dense:

@@ -117,10 +117,11 @@ class QuantizedTensor:
         return QuantizedTensor(self.qtype, self.rows, self.cols, self.data[index].contiguous(), self.name)
 
     @classmethod
-    def from_numpy(cls, qtype: int, rows: int, cols: int, data, name: str = "") -> QuantizedTensor:
+    def from_numpy(cls, qtype: int, rows: int, cols: int, data, name: str = "", copy: bool = True) -> QuantizedTensor:
+        """copy=False shares `data` (a writable uint8 array, e.g. engine.model.gguf_file.map_tensor's)."""
         import numpy as np
-        # a copy: the reader's array maps the file read-only
-        return cls(qtype, rows, cols, torch.from_numpy(np.array(data, dtype=np.uint8)).reshape(rows, -1), name)
+        array = np.array(data, dtype=np.uint8) if copy else data
+        return cls(qtype, rows, cols, torch.from_numpy(array).reshape(rows, -1), name)
 
 
 class QuantKernels:
@@ -210,6 +211,10 @@ class QuantKernels:
                 buf = torch.empty(elements, dtype=dtype)
             setattr(self._scratch, name, buf)
         return buf[:elements]
+
+    def drop_scratch(self) -> None:
+        """Free every thread's scratch buffers (the next call that needs one allocates it again)."""
+        self._scratch = threading.local()
 
     @staticmethod
     def _check(rc: int, w: QuantizedTensor) -> None:

@@ -32,6 +32,7 @@ class GgufTensor:
     shape: tuple[int, ...]                 # GGUF's order, fastest-moving dimension first (as gguf's reader)
     tensor_type: GGMLQuantizationType
     data: np.ndarray                       # plain types: values in torch order; blocks: uint8 rows of bytes
+    offset: int = 0                        # of `data` in the file, in bytes
 
 
 @dataclass(frozen=True)
@@ -115,4 +116,13 @@ def _tensor(blob: np.ndarray, data_start: int, name: str, dims: tuple[int, ...],
         shape = (*reversed(dims[1:]), row_bytes)
     if end > blob.size:
         raise ValueError(f"tensor {name} lies past the end of the file")
-    return GgufTensor(name, dims, qtype, blob[start:end].view(dtype).reshape(shape))
+    return GgufTensor(name, dims, qtype, blob[start:end].view(dtype).reshape(shape), start)
+
+
+def map_tensor(path: str, tensor: GgufTensor) -> np.ndarray:
+    """tensor's data in a memory map of its own: its pages become resident as they are read, and stay
+    clean file pages the kernel may drop (llama.cpp maps its whole file so). The reader's map is no use
+    for that: once every other tensor has been copied out of it, its whole file is resident. Private
+    (copy-on-write) so that torch takes it as writable; nothing writes it. The file must not be
+    truncated while mapped (a read past its end is a SIGBUS), as with llama.cpp's map."""
+    return np.memmap(path, mode="c", dtype=tensor.data.dtype, offset=tensor.offset, shape=tensor.data.shape)
