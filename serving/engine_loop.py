@@ -113,7 +113,7 @@ class EngineLoop:
 
     def _serve(self) -> None:
         failures = 0
-        released = True   # the memory steps leave behind was given back since the last step
+        released = False  # what the last steps (or the start-up's calibration) left behind was given back
         while not self._stopping.is_set() and self.failure is None:   # a loop declared dead (stuck) stops
             self._beat = time.monotonic()
             try:

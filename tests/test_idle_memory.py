@@ -34,14 +34,15 @@ def test_the_loop_gives_memory_back_once_per_idle_spell(tiny_hf, monkeypatch):
     loop = EngineLoop(engine, max_waiting=8)
     loop.start()
     try:
-        time.sleep(0.3)
-        assert released == []                      # nothing served yet: nothing to give back
-        serve_one(loop, [5, 6, 7])
-        wait_until(lambda: len(released) == 1)
+        wait_until(lambda: len(released) == 1)     # what the start-up left behind
         time.sleep(0.3)                            # still idle: not again
         assert len(released) == 1
-        serve_one(loop, [8, 9])
+        serve_one(loop, [5, 6, 7])
         wait_until(lambda: len(released) == 2)
+        time.sleep(0.3)
+        assert len(released) == 2
+        serve_one(loop, [8, 9])
+        wait_until(lambda: len(released) == 3)
     finally:
         loop.stop()
 
@@ -56,11 +57,12 @@ def test_the_loop_waits_a_whole_idle_wait_before_giving_back(tiny_hf, monkeypatc
     loop = EngineLoop(engine, max_waiting=8)
     loop.start()
     try:
+        wait_until(lambda: len(released) == 1)     # what the start-up left behind
         finished_at = []
         request = engine.make_request([5, 6, 7], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
         loop.submit(request, lambda out: out.finished and finished_at.append(time.monotonic()))
-        wait_until(lambda: released)
-        (at, steps_then), = released
+        wait_until(lambda: len(released) == 2)
+        at, steps_then = released[1]
         assert steps_then == len(steps) >= 40 and at - finished_at[0] >= 0.25
     finally:
         loop.stop()
