@@ -12,8 +12,11 @@ for the next), at four points:
            scratch buffers and glibc's free heap pages given back), timed;
   all rows after every row of the embedding table was read too, and released again: the most a mapped
            table can cost.
-The corpus is this tree's own *.md and *.py files, tokenized by the model's tokenizer in this (parent)
-process, so that the child holds only the distinct ids. Reported per point: the resident set, its
+With --daemon, the same file is also served by `autotuned-serve serve` with its defaults (calibration and
+tuner on) and the same KV pool: its resident set once healthy ("built"), right after one chat request
+holding the corpus's first 2,000 characters ("served"), and IDLE_S later ("idle": the engine loop
+gives memory back after an idle wait). The corpus is this tree's own *.md and *.py files, tokenized by
+the model's tokenizer in this (parent) process, so that the child holds only the distinct ids. Reported per point: the resident set, its
 anonymous and file-backed parts, and the resident part of the mapped embedding table (where there is one).
 
     .venv/bin/python benchmarks/resident_memory.py --models bundled ~/.cache/autotuned-models/qwen2.5-coder-0.5b.gguf \\
@@ -27,12 +30,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS_GLOBS = ("**/*.md", "**/*.py")
+IDLE_S = 3.0                       # > serving.engine_loop.IDLE_WAIT_S, and the release's own time
 CORPUS_DIRS = ("autotuner", "benchmarks", "docs", "engine", "policies", "serving", "simulation", "telemetry", "tests")
 
 
@@ -58,12 +63,14 @@ class ModelMemory:
     corpus_tokens: int
     distinct_tokens: int
     vocab_size: int
+    daemon: dict[str, float] | None = None   # --daemon: the server's RSS MB when built, served, idle
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["bundled"], help="GGUF files; 'bundled': SmolLM2-135M")
     p.add_argument("--kv-tokens", type=int, default=4096, help="KV pool of the engine, in tokens (default 4096)")
+    p.add_argument("--daemon", action="store_true", help="also measure `autotuned-serve serve` on each file")
     p.add_argument("--json", default=None)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)   # the child: measure this GGUF, print JSON
     return p.parse_args()
@@ -166,15 +173,59 @@ def _is_file_backed(tensor) -> bool:
     return False
 
 
-def measure(model: str, kv_tokens: int) -> ModelMemory:
-    """In a fresh interpreter that imports only the installed project (-P), given the corpus on stdin."""
+def expand(model: str) -> str:
     from engine.model.checkpoint import bundled_model_path
 
-    path = os.path.realpath(bundled_model_path() if model == "bundled" else os.path.expanduser(model))
+    return bundled_model_path() if model == "bundled" else os.path.expanduser(model)
+
+
+def measure(model: str, kv_tokens: int) -> ModelMemory:
+    """In a fresh interpreter that imports only the installed project (-P), given the corpus on stdin."""
+    path = os.path.realpath(expand(model))
     corpus = json.dumps(asdict(read_corpus(path)))
     out = subprocess.run([sys.executable, "-P", __file__, "--one", path, "--kv-tokens", str(kv_tokens)], input=corpus,
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     return from_row(json.loads(out.strip().splitlines()[-1]))
+
+
+def measure_daemon(path: str, kv_tokens: int, workdir: str) -> dict[str, float]:
+    """The daemon's resident set when healthy, right after one chat request, and IDLE_S later."""
+    import urllib.request
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from llama_cpp_capacity import ServerSpec, free_port, start_server, stop_server
+
+    port = free_port()
+    argv = [sys.executable, "-P", "-m", "serving.cli", "serve", "--model", path, "--port", str(port),
+            "--num-kv-blocks", str(kv_tokens // 16), "--block-size", "16", "--state-dir", os.path.join(workdir, "state")]
+    spec = ServerSpec("daemon", "autotuned-serve", "defaults", tuple(argv))
+    server = start_server(spec, os.path.join(workdir, "daemon.log"), port, 900)
+    try:
+        rss = {"built": _rss_mb(server.pid)}
+        text = next(iter(sorted((ROOT / "docs").glob("*.md")))).read_text()[:2000]
+        body = {"model": _served_model(port), "messages": [{"role": "user", "content": "Summarize:\n" + text}],
+                "max_tokens": 16}
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=900).read()
+        rss["served"] = _rss_mb(server.pid)
+        time.sleep(IDLE_S)
+        rss["idle"] = _rss_mb(server.pid)
+        return rss
+    finally:
+        stop_server(server)
+
+
+def _served_model(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as response:
+        return json.load(response)["data"][0]["id"]
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
 def from_row(row: dict) -> ModelMemory:
@@ -190,15 +241,23 @@ def load_results(path: str) -> list[ModelMemory]:
 def markdown_table(results: list[ModelMemory]) -> str:
     """RSS in MB at each point, x the bound where it matters; the mapped table's resident MB in brackets."""
     rows = ["| GGUF | MB | KV MB | bound MB | built | served | idle | idle, every embedding row read | "
-            "distinct corpus tokens | release, ms |", "|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+            "distinct corpus tokens | release, ms | daemon: built / served / idle |",
+            "|---|---:|---:|---:|---:|---:|---|---|---:|---:|---|"]
     for r in results:
         def at(s: Stage) -> str:
             return f"{s.rss_mb:.0f}" + (f" [{s.mapped_embedding_mb:.0f}]" if s.mapped_embedding_mb else "")
         rows.append(f"| {r.model} | {r.gguf_mb:.0f} | {r.kv_mb:.0f} | {r.bound_mb:.0f} | {at(r.built)} | "
                     f"{at(r.served)} | **{at(r.idle)}** ({r.idle.rss_mb / r.bound_mb:.2f}x) | {at(r.all_rows)} "
                     f"({r.all_rows.rss_mb / r.bound_mb:.2f}x) | {r.distinct_tokens} of {r.vocab_size} | "
-                    f"{r.release_ms:.0f} |")
+                    f"{r.release_ms:.0f} | {_daemon_cell(r)} |")
     return "\n".join(rows)
+
+
+def _daemon_cell(r: ModelMemory) -> str:
+    if not r.daemon:
+        return "-"
+    d = r.daemon
+    return f"{d['built']:.0f} / {d['served']:.0f} / **{d['idle']:.0f}** ({d['idle'] / r.bound_mb:.2f}x)"
 
 
 def render_doc(sources: list[Path]) -> str:
@@ -218,6 +277,10 @@ def main() -> None:
     for model in args.models:
         results.append(measure(model, args.kv_tokens))
         r = results[-1]
+        if args.daemon:
+            with tempfile.TemporaryDirectory(prefix="resident_memory_") as workdir:
+                r.daemon = measure_daemon(os.path.realpath(expand(model)), args.kv_tokens, workdir)
+            print(f"{r.model}: daemon {r.daemon}", flush=True)
         print(f"{r.model}: built {r.built.rss_mb:.0f} MB, served {r.served.rss_mb:.0f} MB (bound {r.bound_mb:.0f})",
               flush=True)
     emit_summary({"machine": asdict(MachineInfo.collect()), "kv_tokens": args.kv_tokens,
