@@ -2,10 +2,10 @@
 (with the quantized kernels' scratch buffers, LLMEngine.release_idle_memory).
 
 A prompt step of a few hundred rows takes activations and dequantized weights that glibc keeps in its
-arenas once freed: after one 512-token prompt a 1.5B Qwen's process stayed 185 MB larger, all of it
-free memory that malloc_trim returned (benchmarks/resident_memory.py, docs/llama_cpp.md). The engine
-loop gives it back once it has been idle a while (serving/engine_loop.py); the next step pays the page
-faults again, a few ms against a prompt step of a second or more.
+arenas once freed, for the process's life: tens of MB on a 1.5B model after one 512-token prompt, all of
+it free memory that malloc_trim returns (benchmarks/resident_memory.py, docs/llama_cpp.md "Resident
+memory"). The engine loop gives it back once it has been idle a while (serving/engine_loop.py); the next
+step pays the page faults again, a few ms against a prompt step of a second or more.
 """
 
 from __future__ import annotations

@@ -279,8 +279,8 @@ def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: di
     linears: dict[str, QuantizedLinear] = {}
     interleaved: dict[int, QuantizedTensor] = {}   # a tied LM head and the embeddings share one tensor
     fused = fuse_quantized(checkpoint.quantized, checkpoint.config)
-    # the embeddings last: they take the head's interleaved rows where tied, else stay in GGUF's layout (a
-    # lookup dequantizes a few rows either way, and an untied table is never multiplied)
+    # the embeddings last: they take the head's interleaved rows where tied, else stay in GGUF's layout, mapped
+    # from the file (a lookup dequantizes a few rows either way, and an untied table is never multiplied)
     for name, parts in sorted(fused.items(), key=lambda item: item[0] == "model.embed_tokens"):
         if name == "model.embed_tokens":
             parts = [interleaved.get(id(p), p) for p in parts]

@@ -84,7 +84,7 @@ class PointCost:
         shared = statistics.median(t / sum(parts) for parts, t in seen)
         factors = np.full(len(self.PARTS), shared)
         if len(seen) >= len(self.PARTS):
-            from scipy.optimize import nnls   # on first use: scipy is ~40 MB resident
+            from scipy.optimize import nnls   # on first use: scipy's import is tens of MB resident
             fitted, _ = nnls(np.array([[part / t for part in parts] for parts, t in seen]), np.ones(len(seen)))
             factors = np.where(fitted > 0, np.maximum(fitted, shared / 4), shared)
         self._factors[path] = tuple(float(f) for f in factors)

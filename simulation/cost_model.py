@@ -217,6 +217,6 @@ def _nnls_fit(shapes: list[StepShape], seconds: list[float], indices: list[int])
     scale = x.max(axis=0)
     scale[scale == 0] = 1.0
     weights = 1.0 / y                      # relative error: divide each row by its own time
-    from scipy.optimize import nnls   # on first use: scipy is ~40 MB resident
+    from scipy.optimize import nnls   # on first use: scipy's import is tens of MB resident
     coef, _ = nnls(x / scale * weights[:, None], y * weights)
     return tuple(float(c) for c in coef / scale)
