@@ -37,8 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS_GLOBS = ("**/*.md", "**/*.py")
-IDLE_S = 3.0                       # > serving.engine_loop.IDLE_WAIT_S, and the release's own time
 CORPUS_DIRS = ("autotuner", "benchmarks", "docs", "engine", "policies", "serving", "simulation", "telemetry", "tests")
+IDLE_S = 3.0                       # > serving.engine_loop.IDLE_WAIT_S, and the release's own time
 
 
 @dataclass
@@ -87,7 +87,7 @@ def stage(mapped_path: str | None) -> Stage:
 
 
 def mapped_resident_mb(path: str | None) -> float:
-    """Resident kB of this process's maps of `path`, from /proc/self/smaps."""
+    """Resident MB of this process's maps of `path`, from /proc/self/smaps."""
     if path is None:
         return 0.0
     total, inside = 0, False
@@ -123,8 +123,6 @@ def read_corpus(path: str) -> Corpus:
 
 def measure_one(path: str, kv_tokens: int, corpus: Corpus) -> ModelMemory:
     import gc
-
-    import torch
 
     from engine import EngineConfig, LLMEngine, SamplingParams
 
