@@ -46,19 +46,29 @@ def machine() -> dict[str, Any]:
     return {"cpu_model": model, "isa": isa, "cores": os.cpu_count() or 0}
 
 
-def git_commit() -> str:
+def git_commit(tree: Path = ROOT) -> str:
     """HEAD, with "-dirty" when the tree has uncommitted changes (the code run was not HEAD's alone)."""
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"], cwd=ROOT,
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"], cwd=tree,
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return UNRECORDED
     return out.strip()
 
 
+def served_tree() -> Path | None:
+    """The tree the project's packages were imported from, where it is not this script's (PYTHONPATH
+    pointing at another checkout, e.g. a worktree at an older commit run beside this one)."""
+    engine = sys.modules.get("engine")
+    tree = Path(engine.__file__).resolve().parent.parent if engine and engine.__file__ else ROOT
+    return None if tree == ROOT else tree
+
+
 def meta(command: list[str] | None = None) -> dict[str, Any]:
     """Where results come from; `command` defaults to this process's own command line, exactly."""
+    served = served_tree()
     return {"machine": machine(), "commit": git_commit(),
+            **({"served_commit": git_commit(served), "served_tree": str(served)} if served else {}),
             "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "command": shlex.join(command if command is not None else sys.orig_argv)}
 

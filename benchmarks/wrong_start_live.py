@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -45,6 +46,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--carry-from", default=None, metavar="JSON",
                    help="an earlier run of this script on the same requests (qps, duration, seed, SLO): its "
                         "runs (tuned or left alone) of starts not run so here are carried over, marked")
+    p.add_argument("--cost-model", default=None, metavar="JSON",
+                   help="a calibration (a state dir's cost_models/*.json) every daemon starts with instead of "
+                        "calibrating at its start-up: the runs then differ by code and load, not by their fits")
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
     p.add_argument("--slo-tbt-s", type=float, default=0.25)
     p.add_argument("--port", type=int, default=8132)
@@ -100,11 +104,21 @@ def serve_from(name: str, tune: bool, specs: list, prompts: list, slo: SloClass,
     """One daemon started from the named configuration, serving `specs`: (run, records, state dir, workdir)."""
     policy, knobs = STARTS[name]
     workdir = tempfile.mkdtemp(prefix=f"wrong_start_{name}_{'tuned' if tune else 'alone'}_")
-    state_dir = os.path.join(workdir, "state")
+    state_dir = seeded_state_dir(workdir, args.cost_model)
     settings = {"port": args.port, "state_dir": state_dir, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
                 "tune": tune} | ({"policy": policy, "knobs": knobs} if policy else {})
     run, records = bench_daemon(settings, workdir, specs, prompts, slo, drain_s=300)
     return run, records, state_dir, workdir
+
+
+def seeded_state_dir(workdir: str, cost_model: str | None) -> str:
+    """A daemon's fresh state dir, holding `cost_model` as a stored calibration (the daemon then uses it
+    instead of calibrating at its start-up, as a daemon restarted on its state dir does)."""
+    state_dir = os.path.join(workdir, "state")
+    if cost_model:
+        os.makedirs(os.path.join(state_dir, "cost_models"))
+        shutil.copy(cost_model, os.path.join(state_dir, "cost_models"))
+    return state_dir
 
 
 def run_left_alone(name: str, specs: list, prompts: list, slo: SloClass, args: argparse.Namespace) -> dict:

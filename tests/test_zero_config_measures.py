@@ -101,3 +101,14 @@ def test_a_named_start_is_read_from_the_command_line():
     for bad in ("pick", "pick=deadline:token_budget", "=deadline:token_budget=1", "pick=deadline:token_budget=x"):
         with pytest.raises(ValueError):
             wrong_start_live.parse_start(bad)
+
+
+def test_a_stored_calibration_seeds_each_daemons_state_dir(tmp_path):
+    """wrong_start_live.py --cost-model: every daemon's fresh state dir holds that calibration where the
+    daemon's start-up looks for one (so it serves on it instead of calibrating); without it, none."""
+    from simulation.cost_model_files import SHIPPED_COST_MODEL, state_dir_calibrations
+
+    seeded = wrong_start_live.seeded_state_dir(str(tmp_path / "a"), str(SHIPPED_COST_MODEL))
+    [found] = state_dir_calibrations(seeded)
+    assert found.read_bytes() == SHIPPED_COST_MODEL.read_bytes()
+    assert state_dir_calibrations(wrong_start_live.seeded_state_dir(str(tmp_path / "b"), None)) == []
