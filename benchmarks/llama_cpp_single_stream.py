@@ -8,7 +8,8 @@ both alike (--rounds, median over rounds):
               prefill = one 512-token prompt computed in one step (token budget 512), tokens/s;
               decode = 128 greedy steps of one sequence after a 16-token prompt (tg128 starts from an
               empty context), tokens/s from the median step time
-Ratios: ours / llama.cpp's tokens/s (>= 1.0: as fast or faster). The resident set after the engine
+--kernel-activations int8 runs this engine with llama.cpp's int8 activations (EngineConfig.kernel_activations;
+the default, int16, is the daemon's). Ratios: ours / llama.cpp's tokens/s (>= 1.0: as fast or faster). The resident set after the engine
 was built (--kv-tokens of fp16 KV pool, the daemon's pool size for the 135M default) is reported beside
 the GGUF size x 1.3 + that pool (#31's memory bound).
 
@@ -70,6 +71,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--kv-tokens", type=int, default=8192, help="KV pool of the engine, in tokens (default 8192)")
+    p.add_argument("--kernel-activations", choices=("int16", "int8"), default="int16",
+                   help="this engine's quantized kernels' activations (default int16, the daemon's)")
     p.add_argument("--json", default=None)
     return p.parse_args()
 
@@ -82,10 +85,11 @@ def llama_bench(binary: str, model: str, threads: int) -> Side:
     return Side(rate["pp"], rate["tg"])
 
 
-def build_engine(model: str, kv_tokens: int) -> LLMEngine:
+def build_engine(model: str, kv_tokens: int, activations: str) -> LLMEngine:
     block = 16
     return LLMEngine(EngineConfig(model=model, num_kv_blocks=kv_tokens // block, block_size=block,
-                                  knobs=Knobs(token_budget=PREFILL_TOKENS, max_num_seqs=8)))
+                                  knobs=Knobs(token_budget=PREFILL_TOKENS, max_num_seqs=8),
+                                  kernel_activations=activations))
 
 
 def run_ours(engine: LLMEngine, round_: int) -> Side:
@@ -109,7 +113,7 @@ def run_ours(engine: LLMEngine, round_: int) -> Side:
 
 def measure(model: str, args: argparse.Namespace) -> ModelResult:
     path = bundled_model_path() if model == "bundled" else os.path.expanduser(model)
-    engine = build_engine(path, args.kv_tokens)
+    engine = build_engine(path, args.kv_tokens, args.kernel_activations)
     gc.collect()
     rss = psutil.Process().memory_info().rss / 2**20
     llama, ours = [], []
@@ -168,8 +172,10 @@ def render_summary(sources: list[Path]) -> str:
     rows = ["| machine (llama.cpp b11434, full build) | GGUF files | prefill 512: ours / llama.cpp | "
             "batch-1 decode: ours / llama.cpp |", "|---|---:|---|---|"]
     for source in sources:
-        machine, results = json.loads(source.read_text())["machine"], load_results(str(source))
-        rows.append(f"| {machine['cpu_model']}, {machine['nproc']} cores ({source.name}) | {len(results)} | "
+        summary, results = json.loads(source.read_text()), load_results(str(source))
+        machine, int8 = summary["machine"], summary.get("kernel_activations") == "int8"
+        rows.append(f"| {machine['cpu_model']}, {machine['nproc']} cores ({source.name}"
+                    f"{'; int8 activations' if int8 else ''}) | {len(results)} | "
                     f"{_ratio_range([r.prefill_ratio for r in results])} | "
                     f"{_ratio_range([r.decode_ratio for r in results])} |")
     return "\n".join(rows)
@@ -191,6 +197,7 @@ def main() -> None:
               f"decode {r.ours.decode_tok_s:.1f} vs {r.llama.decode_tok_s:.1f} tok/s ({r.decode_ratio:.2f}x), "
               f"RSS {r.rss_mb:.0f} MB (bound {r.rss_bound_mb:.0f})", flush=True)
     emit_summary({"machine": asdict(MachineInfo.collect()), "threads": args.threads,
+                  "kernel_activations": args.kernel_activations,
                   "llama_cpp": {"bin": args.llama_bin,
                                 "system_info": system_info(args.llama_bin, bundled_model_path(), args.threads)},
                   "results": [asdict(r) for r in results]}, args.json)

@@ -47,6 +47,10 @@ class EngineConfig:
     # With 16-bit activations it keeps fp32's greedy tokens on the bundled model (tests/test_quantized_linear.py)
     weights: str = "auto"
     quantized_max_rows: int | None = None  # steps up to this many rows use the kernels; None: measure at start-up
+    # the kernels' activations: int16 (per block of 32; fp32's greedy tokens above) or int8, llama.cpp's Q8_0
+    # activations: ~1.6x faster matmuls on steps of several rows on AVX-512 VNNI (4- to 6-bit types), greedy
+    # tokens leave fp32's sooner (docs/llama_cpp.md)
+    kernel_activations: str = "int16"
     # auto: fp16 for an fp32 model on the CPU where the CPU kernels' decode attention reads it (a decode
     # step of a chat batch reads more KV bytes than weight bytes; llama.cpp's default too), else the
     # model's dtype; or fp32, fp16, bf16. The arithmetic stays in the model's dtype.
@@ -82,6 +86,11 @@ class EngineConfig:
             return kind == "gguf" and quantized_kernels_usable(self.weights_mode())
         except ModelLoadError:
             return False   # loading the model says why
+
+    def int8_activations(self) -> bool:
+        if self.kernel_activations not in ("int16", "int8"):
+            raise ValueError(f"unknown kernel_activations {self.kernel_activations!r}: expected int16 or int8")
+        return self.kernel_activations == "int8"
 
     def weights_mode(self) -> str:
         """auto/dense/quantized as load_checkpoint takes it: the quantized kernels run on the CPU only."""

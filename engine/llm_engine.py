@@ -58,6 +58,7 @@ class LLMEngine:
         kind, location = resolve_model(config.model)
         checkpoint = load_checkpoint(config.model, dtype, config.seed, config.weights_mode(), config.quantized_max_rows,
                                      config.device)
+        checkpoint.int8_activations = config.int8_activations()
         self.model_config = mc = checkpoint.config
         self.tokenizer: Tokenizer = load_tokenizer(kind, location, mc.vocab_size, mc.eos_token_ids, checkpoint.metadata)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)))

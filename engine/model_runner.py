@@ -134,8 +134,10 @@ class ModelRunner:
     @property
     def weights(self) -> str:
         """What the linear layers run on: `quantized` (the GGUF's blocks, with the kernels for steps of
-        up to `quantized_max_rows` rows) or `dense`."""
-        return "quantized" if self.quantized_path else "dense"
+        up to `quantized_max_rows` rows; `quantized-int8` with int8 activations) or `dense`."""
+        if not self.quantized_path:
+            return "dense"
+        return "quantized-int8" if self.quantized_path.int8 else "quantized"
 
     @property
     def quantized_max_rows(self) -> int:
@@ -251,11 +253,18 @@ def interleaved_once(kernels: QuantKernels, tensor: QuantizedTensor, done: dict[
     return done[id(tensor)]
 
 
-def log_kernel_layouts(kernels: QuantKernels, parts: list[QuantizedTensor]) -> None:
-    """One line: which types run on which kernels (interleaved rows with which instructions, or GGUF's layout)."""
+def log_kernel_layouts(kernels: QuantKernels, parts: list[QuantizedTensor], int8: bool) -> None:
+    """One line: which types run on which kernels (interleaved rows with which instructions, or GGUF's layout)
+    and with which activations."""
     isa = "AVX-512 VNNI" if kernels.avx512 else "AVX2" if kernels.avx2 else "portable C"
-    layouts = Counter((p.type_name, f"interleaved x16, {isa}" if p.interleaved else "GGUF layout") for p in parts)
-    log.info("quantized linear layers: %s", ", ".join(f"{t} x{n} on {how}" for (t, how), n in sorted(layouts.items())))
+
+    def how(p: QuantizedTensor) -> str:
+        if not p.interleaved:
+            return "GGUF layout, int16 activations"
+        narrow = int8 and kernels.avx512 and p.type_name != "Q8_0"   # qlinear_x16.c's int8 kernels
+        return f"interleaved x16, {isa}, {'int8' if narrow else 'int16'} activations"
+    layouts = Counter((p.type_name, how(p)) for p in parts)
+    log.info("quantized linear layers: %s", ", ".join(f"{t} x{n} on {h}" for (t, h), n in sorted(layouts.items())))
 
 
 def merge_same_type(parts: list[QuantizedTensor]) -> list[QuantizedTensor]:
@@ -275,7 +284,7 @@ def merge_same_type(parts: list[QuantizedTensor]) -> list[QuantizedTensor]:
 def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: dict[str, torch.Tensor],
                       dtype: torch.dtype) -> QuantizedPath:
     """Swap in the quantized modules (taking their biases out of `state`), then size their row limit."""
-    path = QuantizedPath(load_kernels())
+    path = QuantizedPath(load_kernels(), int8=checkpoint.int8_activations)
     linears: dict[str, QuantizedLinear] = {}
     interleaved: dict[int, QuantizedTensor] = {}   # a tied LM head and the embeddings share one tensor
     fused = fuse_quantized(checkpoint.quantized, checkpoint.config)
@@ -294,7 +303,7 @@ def install_quantized(model: LlamaForCausalLM, checkpoint: Checkpoint, state: di
             module = QuantizedLinear(parts, state.pop(name + ".bias", None), path, dtype)
             linears[name] = module
         setattr(model.get_submodule(parent) if parent else model, attr, module)
-    log_kernel_layouts(path.kernels, [p for m in linears.values() for p in m.parts])
+    log_kernel_layouts(path.kernels, [p for m in linears.values() for p in m.parts], path.int8)
     if checkpoint.quantized_max_rows is not None:
         path.max_rows = checkpoint.quantized_max_rows
     elif linears:

@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate a completion for one prompt and print it")
     gen.add_argument("prompt", help="the prompt (sent through the model's chat template unless --raw)")
     gen.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
-    for name in ("model", "dtype", "weights"):
+    for name in ("model", "dtype", "weights", "kernel_activations"):
         add_setting_flag(gen, name)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -232,7 +232,7 @@ def served_model_name(model: str | None) -> str:
 def run_generate(args: argparse.Namespace) -> None:
     from engine import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, weights=args.weights)
+    llm = LLM(args.model, dtype=args.dtype, weights=args.weights, kernel_activations=args.kernel_activations)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)
     tokenizer = llm.tokenizer

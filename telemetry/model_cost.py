@@ -27,7 +27,7 @@ class ModelCost:
         """A built engine's: its model's shape and dtype, the stored bytes of weights it keeps quantized
         and its KV cache's element size (the daemon's MFU/MBU and benchmarks/step_time.py share it)."""
         runner = engine.runner
-        stored = runner.stored_linear_bytes() if runner.weights == "quantized" else None
+        stored = runner.stored_linear_bytes() if runner.quantized_path else None
         return ModelCost(ModelShape.of(engine.model_config), runner.dtype.itemsize, stored,
                          runner.quantized_max_rows, runner.kv_cache.dtype.itemsize)
 

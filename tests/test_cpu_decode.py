@@ -55,11 +55,14 @@ def greedy(engine, prompts: list[list[int]], tokens: int = 16) -> list[list[int]
 
 
 @pytest.mark.skipif(fast_library() is None, reason="the layer kernel runs where the AVX2 code does")
-@pytest.mark.parametrize("variant", ["one type", "mixed types", "qkv bias"])
+@pytest.mark.parametrize("variant", ["one type", "mixed types", "qkv bias", "int8 activations"])
 def test_decode_steps_give_the_python_paths_logits(uniform_gguf, mixed_gguf, variant, monkeypatch):
     prompts = [[5, 6, 7], [9] * 11, [40, 41, 42, 43, 44, 45, 46]]
     path = mixed_gguf if variant == "mixed types" else uniform_gguf
-    engine = make_engine(path, weights="quantized", quantized_max_rows=64, enable_prefix_caching=False)
+    activations = "int8" if variant == "int8 activations" else "int16"
+    engine = make_engine(path, weights="quantized", quantized_max_rows=64, enable_prefix_caching=False,
+                         kernel_activations=activations)
+    assert engine.runner.quantized_path.int8 == (activations == "int8")
     model = engine.runner.model
     with torch.no_grad():      # distinct norms (in place: the C layers read these very tensors)
         for i, norm in enumerate(m for m in model.modules() if isinstance(m, RMSNorm)):

@@ -131,9 +131,9 @@ def run_matmul(c: MatmulCase, w: QuantizedTensor, x: np.ndarray) -> np.ndarray:
     """y = x @ W^T into a buffer holding exactly the rows the kernel may write (row stride ldy from
     column col0); everything else in it must keep the sentinel."""
     buf = np.full(c.col0 + (c.n - 1) * c.ldy + c.rows, SENTINEL, dtype=np.float32)
-    matmul = KERNELS.lib.qlin_x16_matmul if c.interleaved else KERNELS.lib.qlin_matmul
+    args = (int(c.qtype), w.data.data_ptr(), c.rows, c.cols, ptr(x), c.n, ptr(buf) + 4 * c.col0, c.ldy)
     with running(c.isa), panel_rows(c.path):
-        rc = matmul(int(c.qtype), w.data.data_ptr(), c.rows, c.cols, ptr(x), c.n, ptr(buf) + 4 * c.col0, c.ldy)
+        rc = KERNELS.lib.qlin_x16_matmul(*args, 0) if c.interleaved else KERNELS.lib.qlin_matmul(*args)
     assert rc == 0, c
     written = c.col0 + np.arange(c.n)[:, None] * c.ldy + np.arange(c.rows)[None, :]
     outside = np.ones(buf.size, dtype=bool)

@@ -132,7 +132,7 @@ class QuantKernels:
         library.lib.qlin_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
         library.lib.qlin_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, i64]
         library.lib.qlin_set_panel_rows.argtypes = [ctypes.c_int]
-        library.lib.qlin_x16_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
+        library.lib.qlin_x16_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64, ctypes.c_int]
         library.lib.qlin_x16_dequantize.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, i64, ptr, i64]
         library.lib.qlin_x16_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
         library.lib.qlin_x16_row_bytes.argtypes = [ctypes.c_int, i64]
@@ -164,13 +164,16 @@ class QuantKernels:
         (PANEL_ROWS by default, where the two cross on the 2-core AVX2 EPYC; tests force either path)."""
         self.lib.qlin_set_panel_rows(rows)
 
-    def matmul_into(self, w: QuantizedTensor, x: torch.Tensor, out: torch.Tensor, col0: int = 0) -> None:
-        """out[:, col0:col0 + w.rows] = x @ W^T; x: contiguous fp32 [n, w.cols], out: fp32 [n, *] rows contiguous."""
+    def matmul_into(self, w: QuantizedTensor, x: torch.Tensor, out: torch.Tensor, col0: int = 0,
+                    int8: bool = False) -> None:
+        """out[:, col0:col0 + w.rows] = x @ W^T; x: contiguous fp32 [n, w.cols], out: fp32 [n, *] rows contiguous.
+        int8: x quantized to int8 per block of 32 where the kernel has it (interleaved 4- to 6-bit rows on
+        AVX-512 VNNI), else to 16 bits."""
         assert x.dtype == torch.float32 and x.is_contiguous() and x.shape[1] == w.cols
         assert out.dtype == torch.float32 and out.stride(1) == 1 and out.shape[0] == x.shape[0]
-        matmul = self.lib.qlin_x16_matmul if w.interleaved else self.lib.qlin_matmul
-        rc = matmul(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0],
-                    out.data_ptr() + 4 * col0, out.stride(0))
+        args = (w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0], out.data_ptr() + 4 * col0,
+                out.stride(0))
+        rc = self.lib.qlin_x16_matmul(*args, int(int8)) if w.interleaved else self.lib.qlin_matmul(*args)
         self._check(rc, w)
 
     def dequantize_into(self, w: QuantizedTensor, out: torch.Tensor, ids: torch.Tensor | None = None,
@@ -247,6 +250,7 @@ class QuantizedPath:
     kernels: QuantKernels
     max_rows: int = 16
     measured: bool = False
+    int8: bool = False     # int8 activations instead of 16-bit (EngineConfig.kernel_activations)
     dense_dtype: torch.dtype = field(default_factory=lambda: dense_gemm_dtype())
 
 
@@ -288,7 +292,7 @@ class QuantizedLinear(nn.Module):
     def quantized(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], self.out_features)
         for part, col0 in zip(self.parts, self.offsets):
-            self.path.kernels.matmul_into(part, x, out, col0)
+            self.path.kernels.matmul_into(part, x, out, col0, self.path.int8)
         return out
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,7 @@ class Checkpoint:
     metadata: dict[str, Any] = field(default_factory=dict)
     quantized: dict[str, QuantizedTensor] = field(default_factory=dict)  # HF name -> GGUF blocks, not in state_dict
     quantized_max_rows: int | None = None      # steps of up to this many rows use the kernels; None: measure
+    int8_activations: bool = False             # the kernels quantize activations to int8 (else 16 bits)
 
 
 def bundled_model_path() -> str:

@@ -43,7 +43,8 @@ class LayerParams(ctypes.Structure):
 class DecodeStep(ctypes.Structure):
     _fields_ = [("n", c_i64), ("cos", c_ptr), ("ssin", c_ptr), ("slots", c_ptr), ("tables", c_ptr), ("lens", c_ptr),
                 ("block_size", c_i64), ("width", c_i64), ("scale", c_float), ("kv_fp16", c_int),
-                ("qkv", c_ptr), ("q", c_ptr), ("attn", c_ptr), ("proj", c_ptr), ("gate_up", c_ptr), ("act", c_ptr)]
+                ("qkv", c_ptr), ("q", c_ptr), ("attn", c_ptr), ("proj", c_ptr), ("gate_up", c_ptr), ("act", c_ptr),
+                ("int8", c_int)]
 
 
 def qproj(linear: torch.nn.Module) -> QProj | None:
@@ -110,7 +111,7 @@ class CpuDecodeLayers:
             offset += 4 * n * width
         step = DecodeStep(n, cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(), meta.decode_tables.data_ptr(),
                           meta.decode_lens.data_ptr(), meta.block_size, meta.decode_tables.shape[1], backend.scale,
-                          int(kv_cache.dtype == torch.float16), *ptrs)
+                          int(kv_cache.dtype == torch.float16), *ptrs, int(self.path.int8))
         layer_bytes, kv_bytes = kv_cache.stride(0) * kv_cache.element_size(), kv_cache.stride(1) * kv_cache.element_size()
         base = kv_cache.data_ptr()
         for i, params in enumerate(self.params):

@@ -49,15 +49,16 @@ typedef struct {
     int kv_fp16;
     float *qkv, *q, *attn, *proj, *gate_up, *act;  /* scratch: [n, qkv rows], [n, heads * head_dim] x2,
                                                       [n, hidden], [n, 2 inter], [n, inter] */
+    int int8;                        /* qlin_x16_matmul's int8 activations (1) or 16-bit (0) */
 } decode_step;
 
 /* y [n, rows] = x @ W^T (+ bias) */
-static int matmul(const qproj *p, const float *x, int64_t n, float *y) {
+static int matmul(const qproj *p, const float *x, int64_t n, float *y, int int8) {
     int64_t col0 = 0;
     for (int k = 0; k < p->nparts; k++) {
         const qmatrix *m = &p->part[k];
-        const int rc = (m->interleaved ? qlin_x16_matmul : qlin_matmul)(m->type, m->w, m->rows, m->cols, x, n,
-                                                                       y + col0, p->rows);
+        const int rc = m->interleaved ? qlin_x16_matmul(m->type, m->w, m->rows, m->cols, x, n, y + col0, p->rows, int8)
+                                      : qlin_matmul(m->type, m->w, m->rows, m->cols, x, n, y + col0, p->rows);
         if (rc) return rc;
         col0 += m->rows;
     }
@@ -124,16 +125,16 @@ int decode_layer(const layer_params *p, const decode_step *s, float *h, float *x
     const int64_t n = s->n;
     int rc;
 #define STAGE(k, call) if ((rc = (call)) != 0) return -100 * (k) + rc
-    STAGE(1, matmul(&p->qkv, x, n, s->qkv));
+    STAGE(1, matmul(&p->qkv, x, n, s->qkv, s->int8));
     STAGE(2, rope_store(s->qkv, p->qkv.rows, n, p->heads, p->kv_heads, p->head_dim, s->cos, s->ssin, s->q, s->slots,
                         k_cache, v_cache, s->kv_fp16));
     STAGE(3, paged_decode_attention(s->q, k_cache, v_cache, s->kv_fp16, s->tables, s->lens, s->attn, n, p->heads,
                                     p->kv_heads, p->head_dim, s->block_size, s->width, s->scale));
-    STAGE(4, matmul(&p->o, s->attn, n, s->proj));
+    STAGE(4, matmul(&p->o, s->attn, n, s->proj, s->int8));
     add_rms_norm(h, s->proj, p->post_norm, x, n, p->hidden, p->eps);
-    STAGE(5, matmul(&p->gate_up, x, n, s->gate_up));
+    STAGE(5, matmul(&p->gate_up, x, n, s->gate_up, s->int8));
     silu_mul(s->gate_up, n, p->inter, s->act);
-    STAGE(6, matmul(&p->down, s->act, n, s->proj));
+    STAGE(6, matmul(&p->down, s->act, n, s->proj, s->int8));
     add_rms_norm(h, s->proj, p->next_norm, x, n, p->hidden, p->eps);
 #undef STAGE
     return 0;

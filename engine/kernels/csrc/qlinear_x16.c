@@ -49,6 +49,7 @@
 #include "quant_blocks.h"
 #include "thread_pool.h"
 
+#include <math.h>
 #include <string.h>
 
 #define G 16      /* rows per group */
@@ -329,7 +330,7 @@ AVX512_INLINE static inline __m512i with_high(__m512i w, __m512i h, int hb, int 
 
 /* as group_dot_scalar for 4-, 5- and 6-bit types on split activations (vpdpbusd, see the top), na <= NA_X16 */
 AVX512_INLINE static inline void group_dot_nib_avx512(int type, const uint8_t *gw, const block_a8x2 *a, int64_t nb32,
-                                                      int na, float *out) {
+                                                      int na, int wide, float *out) {
     const x16_format f = format_of(type);
     const int subs = f.be / QK, halves = f.nsc == 16 ? 2 : 1, hb = f.bits - 4, k = hb ? 4 / hb : 1;
     const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -357,10 +358,11 @@ AVX512_INLINE static inline void group_dot_nib_avx512(int type, const uint8_t *g
                         int32_t h0, h1, l0, l1;
                         memcpy(&h0, ab[j * nb32].hi + 8 * m, 4);
                         memcpy(&h1, ab[j * nb32].hi + 8 * m + 4, 4);
-                        memcpy(&l0, ab[j * nb32].lo + 8 * m, 4);
-                        memcpy(&l1, ab[j * nb32].lo + 8 * m + 4, 4);
                         hi[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi[j], w0, _mm512_set1_epi32(h0)), w1,
                                                     _mm512_set1_epi32(h1));
+                        if (!wide) continue;
+                        memcpy(&l0, ab[j * nb32].lo + 8 * m, 4);
+                        memcpy(&l1, ab[j * nb32].lo + 8 * m + 4, 4);
                         lo[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo[j], _mm512_set1_epi32(l0), w0),
                                                     _mm512_set1_epi32(l1), w1);
                     }
@@ -368,7 +370,7 @@ AVX512_INLINE static inline void group_dot_nib_avx512(int type, const uint8_t *g
                 const __m512 scale = scales_avx512(&f, gb, d, s, hc);
                 const __m512 bias = _mm512_mul_ps(scale, _mm512_set1_ps((float)-f.bias));
                 for (int j = 0; j < na; j++) {
-                    const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]);
+                    const __m512i sum = wide ? _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]) : hi[j];
                     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(ab[j * nb32].d)),
                                              acc[j]);
                     if (halves == 2)   /* Q6_K's bias, per half: -32 scale x the half's activation sum */
@@ -428,11 +430,37 @@ AVX512_INLINE static inline void group_dot_q8_avx512(const uint8_t *gw, const bl
 #define NA_NIB 4
 #define FOR_NA_NIB(T, N)                                                           \
     switch (N) {                                                                   \
-    case 1: group_dot_nib_avx512(T, gw, a8, nb32, 1, out); break;                  \
-    case 2: group_dot_nib_avx512(T, gw, a8, nb32, 2, out); break;                  \
-    case 3: group_dot_nib_avx512(T, gw, a8, nb32, 3, out); break;                  \
-    default: group_dot_nib_avx512(T, gw, a8, nb32, 4, out); break;                 \
+    case 1: group_dot_nib_avx512(T, gw, a8, nb32, 1, 1, out); break;               \
+    case 2: group_dot_nib_avx512(T, gw, a8, nb32, 2, 1, out); break;               \
+    case 3: group_dot_nib_avx512(T, gw, a8, nb32, 3, 1, out); break;               \
+    default: group_dot_nib_avx512(T, gw, a8, nb32, 4, 1, out); break;              \
     }
+
+/* int8 activations: one integer sum a row, so a pass takes all NA_X16 rows (a group's unpacked weights
+ * serve twice as many rows) */
+#define FOR_NA_NIB8(T, N)                                                          \
+    switch (N) {                                                                   \
+    case 1: group_dot_nib_avx512(T, gw, a8, nb32, 1, 0, out); break;               \
+    case 2: group_dot_nib_avx512(T, gw, a8, nb32, 2, 0, out); break;               \
+    case 3: group_dot_nib_avx512(T, gw, a8, nb32, 3, 0, out); break;               \
+    case 4: group_dot_nib_avx512(T, gw, a8, nb32, 4, 0, out); break;               \
+    case 5: group_dot_nib_avx512(T, gw, a8, nb32, 5, 0, out); break;               \
+    case 6: group_dot_nib_avx512(T, gw, a8, nb32, 6, 0, out); break;               \
+    case 7: group_dot_nib_avx512(T, gw, a8, nb32, 7, 0, out); break;               \
+    default: group_dot_nib_avx512(T, gw, a8, nb32, 8, 0, out); break;              \
+    }
+
+AVX512 static void group_dot_vnni_a8(int type, const uint8_t *gw, const block_a8x2 *a8, int64_t nb32, int na,
+                                     float *out) {
+    switch (type) {
+    case T_Q4_0: FOR_NA_NIB8(T_Q4_0, na); break;
+    case T_Q4_1: FOR_NA_NIB8(T_Q4_1, na); break;
+    case T_Q5_0: FOR_NA_NIB8(T_Q5_0, na); break;
+    case T_Q4_K: FOR_NA_NIB8(T_Q4_K, na); break;
+    case T_Q5_K: FOR_NA_NIB8(T_Q5_K, na); break;
+    default: FOR_NA_NIB8(T_Q6_K, na); break;
+    }
+}
 
 AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *a, const block_a8x2 *a8,
                                   int64_t nb32, int na, float *out) {
@@ -589,6 +617,7 @@ AVX2 static void group_dot_avx2(int type, const uint8_t *gw, const block_a16 *a,
 static void group_dot(int type, const uint8_t *gw, const block_a16 *a, const block_a8x2 *a8, int64_t nb32, int na,
                       float *out) {
 #ifdef QL_X86
+    if (!a) { group_dot_vnni_a8(type, gw, a8, nb32, na, out); return; }   /* int8 activations (AVX-512 only) */
     if (use_avx512()) { group_dot_vnni(type, gw, a, a8, nb32, na, out); return; }
     if (use_avx2()) { group_dot_avx2(type, gw, a, nb32, na, out); return; }
 #endif
@@ -602,8 +631,9 @@ typedef struct {
     int type;
     const uint8_t *w;
     int64_t groups, group_bytes, nb32, n, ldy;
-    block_a16 *a;
-    block_a8x2 *a8;   /* the activations split into bytes (4-bit types on AVX-512 VNNI), else NULL */
+    block_a16 *a;     /* 16-bit activations; NULL where a8 holds int8 ones */
+    block_a8x2 *a8;   /* 16-bit activations split into bytes (4- to 6-bit types on AVX-512 VNNI), int8 ones
+                         (their `hi`: int8 asked for) or NULL */
     float *y;
 } x16_job;
 
@@ -668,6 +698,75 @@ static void split_rows_a16(const block_a16 *a, block_a8x2 *b, int64_t blocks) {
     pool_parallel(split_task, &job, num_chunks(blocks, 256));
 }
 
+/* ---- int8 activations for large steps ---------------------------------------------------------- */
+
+/* Where the caller asks (engine_config.py's kernel_activations=int8), activations are quantized to int8 per
+ * block of 32 (d = max|x| / 127, llama.cpp's Q8_0 activations) instead of 16 bits: one vpdpbusd a weight byte
+ * instead of two, and a group's unpacked weights serve 8 rows a pass instead of 4, for the 4- to 6-bit types
+ * on AVX-512 VNNI (elsewhere, and for Q8_0, the 16-bit code runs). Steps of several rows are bound by those
+ * instructions, and run ~1.6x faster (a prefill; a batch-1 decode step of a large model is bound by reading
+ * the weights instead, and gains little). The price: a model's greedy tokens leave fp32's sooner than with 16
+ * bits (docs/llama_cpp.md), hence not the default. */
+#define A8_MAX 127.f
+
+/* one block of 32 activations into b->hi as int8, with d, s and the halves' sums as split_a16 sets them */
+static void quantize_a8_scalar(const float *x, block_a8x2 *b) {
+    float amax = 0.f;
+    for (int i = 0; i < QK; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    const float d = amax / A8_MAX, id = d > 0.f ? 1.f / d : 0.f;
+    int32_t half[2] = {0, 0};
+    for (int i = 0; i < QK; i++) {
+        const int q = (int)nearbyintf(x[i] * id);   /* half to even, as the AVX-512 code rounds */
+        b->hi[i] = (int8_t)q;
+        half[i / 16] += q;
+    }
+    b->d = d;
+    b->sh[0] = d * (float)half[0];
+    b->sh[1] = d * (float)half[1];
+    b->s = b->sh[0] + b->sh[1];
+}
+
+#ifdef QL_X86
+AVX512 static void quantize_a8_avx512(const float *x, block_a8x2 *b) {
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / A8_MAX, id = d > 0.f ? 1.f / d : 0.f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));   /* rounds half to even */
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+    _mm_storeu_si128((__m128i *)b->hi, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(b->hi + 16), _mm512_cvtepi32_epi8(q1));
+    b->d = d;
+    b->sh[0] = d * (float)_mm512_reduce_add_epi32(q0);
+    b->sh[1] = d * (float)_mm512_reduce_add_epi32(q1);
+    b->s = b->sh[0] + b->sh[1];
+}
+#endif
+
+typedef struct {
+    const float *x;
+    block_a8x2 *b;
+    int64_t blocks;
+} a8_job;
+
+static void quantize_a8_task(void *p, int64_t chunk, int64_t nchunks) {
+    const a8_job *j = p;
+    int64_t lo, hi;
+    chunk_range(j->blocks, chunk, nchunks, &lo, &hi);
+    for (int64_t k = lo; k < hi; k++) {
+#ifdef QL_X86
+        if (use_avx512()) { quantize_a8_avx512(j->x + k * QK, j->b + k); continue; }
+#endif
+        quantize_a8_scalar(j->x + k * QK, j->b + k);
+    }
+}
+
+/* the n rows of x (nb32 blocks each) as int8 blocks, over the pool, into the split activations' buffer */
+static block_a8x2 *quantize_rows_a8(const float *x, int64_t n, int64_t nb32) {
+    a8_job job = {x, scratch_a8x2(n * nb32), n * nb32};
+    if (job.b) pool_parallel(quantize_a8_task, &job, num_chunks(job.blocks, 256));
+    return job.b;
+}
+
 static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
     x16_job *j = p;
     int64_t lo, hi;
@@ -676,8 +775,8 @@ static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
     for (int64_t g = lo; g < hi; g++)
         for (int64_t c = 0; c < j->n; c += NA_X16) {
             const int na = j->n - c < NA_X16 ? (int)(j->n - c) : NA_X16;
-            group_dot(j->type, j->w + g * j->group_bytes, j->a + c * j->nb32, j->a8 ? j->a8 + c * j->nb32 : NULL,
-                      j->nb32, na, out);
+            group_dot(j->type, j->w + g * j->group_bytes, j->a ? j->a + c * j->nb32 : NULL,
+                      j->a8 ? j->a8 + c * j->nb32 : NULL, j->nb32, na, out);
             for (int t = 0; t < na; t++) memcpy(j->y + (c + t) * j->ldy + g * G, out + t * G, G * sizeof(float));
         }
 }
@@ -696,14 +795,22 @@ static int64_t matmul_chunks(const x16_job *job, int64_t n, int64_t cols) {
     return num_chunks(job->groups, grain < 1 ? 1 : grain);
 }
 
-/* y[i, r] (row stride ldy) = sum_k x[i, k] * W[r, k] for i < n, r < rows; W interleaved by qlin_x16_repack */
+/* y[i, r] (row stride ldy) = sum_k x[i, k] * W[r, k] for i < n, r < rows; W interleaved by qlin_x16_repack;
+ * int8: int8 activations where the type and CPU have them (above), else 16-bit */
 int qlin_x16_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
-                    int64_t ldy) {
+                    int64_t ldy, int int8) {
     int rc = check_shape(type, rows, cols);
     if (rc) return rc;
     if (n <= 0 || rows <= 0) return 0;
     x16_job job = {type, w, rows / G, qlin_x16_row_bytes(type, cols) * G, cols / QK, n, ldy, NULL, NULL, y};
     pool_lock();
+    if (int8 && use_avx512() && type != T_Q8_0) {
+        job.a8 = quantize_rows_a8(x, n, job.nb32);
+        if (!job.a8) { pool_unlock(); return -3; }
+        pool_parallel(groups_task, &job, matmul_chunks(&job, n, cols));
+        pool_unlock();
+        return 0;
+    }
     job.a = quantize_rows_a16(x, n, job.nb32);
     if (job.a && use_avx512() && type != T_Q8_0) {
         job.a8 = scratch_a8x2(n * job.nb32);
