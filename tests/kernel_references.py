@@ -43,3 +43,22 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     """SiLU(gate) * up for rows [gate | up]."""
     gate, up = np.split(gate_up.astype(np.float64), 2, axis=-1)
     return gate / (1 + np.exp(-gate)) * up
+
+
+def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, q_pos0: int, k_pos0: int,
+                      window: int | None, scale: float) -> np.ndarray:
+    """Causal softmax(q . K^T * scale) V of a prefill chunk; q [n, heads, d], keys/values [kv_heads, L, d];
+    query i at position q_pos0 + i sees the keys at positions k_pos0 + j <= its own (and > its own - window)."""
+    n, heads, d = q.shape
+    kv_heads, length = keys.shape[:2]
+    q_pos = q_pos0 + np.arange(n)[:, None]
+    k_pos = k_pos0 + np.arange(length)[None, :]
+    seen = (k_pos <= q_pos) & ((k_pos > q_pos - window) if window else True)
+    out = np.empty((n, heads, d))
+    for h in range(heads):
+        kvh = h // (heads // kv_heads)
+        scores = q[:, h].astype(np.float64) @ keys[kvh].astype(np.float64).T * scale
+        scores = np.where(seen, scores, -np.inf)
+        p = np.exp(scores - scores.max(axis=1, keepdims=True))
+        out[:, h] = (p / p.sum(axis=1, keepdims=True)) @ values[kvh].astype(np.float64)
+    return out

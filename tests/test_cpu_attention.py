@@ -50,7 +50,7 @@ def test_decodes_match_torch(isa, heads, kv_heads, head_dim, block_size, kv_dtyp
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_mixed_step_matches_torch(isa, kv_dtype):
-    """Decodes first, then a first chunk and a later chunk (the chunks stay on torch's SDPA)."""
+    """Decodes first, then a first chunk and a later chunk (the chunks on the C prefill kernel under AVX-512)."""
     rng = np.random.default_rng(4)
     layout, n = make_layout([12, 300, 0, 21], [1, 1, 11, 6], 2, 16, rng)
     (ref, _, _), (out, _, _) = attend_both(layout, n, 9, 3, 64, kv_dtype)

@@ -61,6 +61,8 @@ class PrefillChunk:
     slots: torch.Tensor | None           # cache slots of the keys attended [key_start, context_len + query_len); None
                                          # for a first chunk, whose own keys are all there is
     mask: torch.Tensor | None            # [query_len, keys] True where attended; None: plain causal (a first chunk)
+    key_start: int = 0                   # position of the first key attended
+    window: int | None = None            # a sliding-window layer's: each query sees its last `window` keys
     rows: torch.Tensor | None = None     # derived on the first layer, see TorchAttention._rows
     bias: torch.Tensor | None = None
 
@@ -157,13 +159,17 @@ class TorchAttention:
         if chunk.mask is not None and chunk.bias is None:
             chunk.bias = _additive(chunk.mask, q.dtype)
         if chunk.slots is None:   # a first chunk: its own keys are all there is
-            return _grouped_sdpa(q, k.transpose(0, 1), v.transpose(0, 1), chunk.bias, self.scale)
+            return self._chunk_attention(q, k.transpose(0, 1), v.transpose(0, 1), chunk)
         if chunk.rows is None:
             chunk.rows = self._rows(chunk.slots, kv_heads)
         shape = (kv_heads, chunk.slots.shape[0], head_dim)
         # the chunk's own keys were just written, so one gather from the cache covers context and chunk
         keys = k_cache.view(-1, head_dim).index_select(0, chunk.rows).view(shape).to(q.dtype)
         values = v_cache.view(-1, head_dim).index_select(0, chunk.rows).view(shape).to(q.dtype)
+        return self._chunk_attention(q, keys, values, chunk)
+
+    def _chunk_attention(self, q, keys, values, chunk: PrefillChunk) -> torch.Tensor:
+        """q [n, H, Dh] over the chunk's keys and values [KVH, L, Dh], causal (and windowed) as chunk.mask says."""
         return _grouped_sdpa(q, keys, values, chunk.bias, self.scale)
 
 
@@ -207,7 +213,7 @@ def prefill_chunks(layout: BatchLayout, device: torch.device, window: int | None
             mask = key_pos <= query_pos
             if window:
                 mask &= key_pos > query_pos - window
-        chunks.append(PrefillChunk(int(starts[i]), n, ctx, slots, mask))
+        chunks.append(PrefillChunk(int(starts[i]), n, ctx, slots, mask, key_start, window))
     return chunks
 
 

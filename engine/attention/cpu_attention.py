@@ -4,7 +4,9 @@ The torch backend gathers every decode's keys and values into a padded buffer fo
 byte is read, written and read again, padded to the longest sequence. In a chat batch on the CPU
 those bytes outnumber the weights' (16 sequences of 500 tokens: 368 MB of SmolLM2's fp32 KV against
 96 MB of quantized weights), so the kernel reads each sequence's blocks where they lie instead.
-Prefill chunks stay on torch's SDPA (flash) kernel, where the gather is a small part of the work.
+Prefill chunks gather their context's keys as the torch backend does (a small part of the work there), and
+on AVX-512 their attention runs on the C prefill kernel (engine/kernels/csrc/prefill_attention.c), about
+twice torch's SDPA on a 512-token chunk; elsewhere on torch's SDPA.
 For an fp32 model, with the cache in fp32 or fp16 (the engine's default here: half the bytes, see
 EngineConfig.kv_cache_dtype); a bf16 model takes the torch backend. A sliding-window layer's decodes
 longer than the window run on the kernel too, through a table of one-slot blocks listing the window's keys.
@@ -18,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention.backends import (HeadShape, TorchAttention, TorchAttentionMetadata, block_table_matrix, decode_keys,
-                              prefill_chunks)
+from engine.attention.backends import (HeadShape, PrefillChunk, TorchAttention, TorchAttentionMetadata, block_table_matrix,
+                              decode_keys, prefill_chunks)
 from engine.attention.batch_layout import BatchLayout
 from engine.kernels.cpu_kernels import CpuLibrary
 
@@ -71,6 +73,14 @@ class CpuPagedAttention(TorchAttention):
             return super().attend_qkv(qkv, heads, cos, sin, k_cache, v_cache, meta)
         q = self.library.rope_store(qkv, heads, cos, sin, meta.slot_mapping, k_cache, v_cache)
         return self._decode(q, k_cache, v_cache, meta)
+
+    def _chunk_attention(self, q, keys, values, chunk: PrefillChunk) -> torch.Tensor:
+        if q.dtype == torch.float32 and self.library.avx512:
+            out = self.library.prefill_attention(q.contiguous(), keys, values, chunk.context_len, chunk.key_start,
+                                                 chunk.window, self.scale)
+            if out is not None:
+                return out
+        return super()._chunk_attention(q, keys, values, chunk)
 
     def _decode(self, q, k_cache, v_cache, meta: CpuAttentionMetadata) -> torch.Tensor:
         assert q.dtype == torch.float32 and k_cache.dtype in KV_DTYPES and k_cache.dtype == v_cache.dtype

@@ -1,5 +1,6 @@
 """The C library of CPU kernels: linear layers on GGUF's quantized weights (engine/kernels/csrc/qlinear.c,
-qlinear_x16.c), paged decode attention (engine/kernels/csrc/paged_attention.c), a decode step's rotary
+qlinear_x16.c), paged decode attention (engine/kernels/csrc/paged_attention.c), a prefill chunk's causal
+attention (prefill_attention.c), a decode step's rotary
 embedding and KV-cache write (rope_store.c) and RMSNorm after the residual add (rms_norm.c), sharing
 one thread pool (thread_pool.c).
 
@@ -86,6 +87,24 @@ class CpuLibrary:
             raise ValueError(f"rope_store: head_dim {dim} odd or heads too wide")
         return q
 
+    def prefill_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_pos0: int, k_pos0: int,
+                          window: int | None, scale: float) -> torch.Tensor | None:
+        """Causal attention of q [n, H, D] over keys/values [KVH, L, D] (any strides along L and KVH, D
+        contiguous), query i at position q_pos0 + i, key j at k_pos0 + j, each query seeing the keys at
+        or before it (the last `window` of them where window is set): engine/kernels/csrc/prefill_attention.c.
+        None where the kernel does not take the shape (the caller runs torch's SDPA)."""
+        n, heads, dim = q.shape
+        assert q.dtype == keys.dtype == values.dtype == torch.float32 and q.stride(2) == 1 and q.stride(1) == dim
+        assert keys.stride(2) == 1 and values.stride(2) == 1 and keys.shape == values.shape
+        out = torch.empty(n, heads, dim)
+        rc = self.lib.prefill_attention(q.data_ptr(), q.stride(0), keys.data_ptr(), keys.stride(0), keys.stride(1),
+                                        values.data_ptr(), values.stride(0), values.stride(1), out.data_ptr(),
+                                        heads * dim, n, keys.shape[1], heads, keys.shape[0], dim, q_pos0, k_pos0,
+                                        window or 0, scale)
+        if rc == -3:
+            raise MemoryError("prefill_attention: no memory for the transposed keys")
+        return out if rc == 0 else None
+
     def set_isa(self, isa: str) -> str:
         """Run the kernels of level `isa` (one of ISAS, or "best"), or the best this CPU has below it, for
         tests; returns the level now in use."""
@@ -133,6 +152,8 @@ def load_library() -> CpuLibrary | None:
         lib.qlin_set_isa.argtypes = [ctypes.c_int]
         lib.add_rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
         lib.rope_store.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 6 + [ctypes.c_int]
+        lib.prefill_attention.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] * 2
+                                          + [ctypes.c_void_p] + [ctypes.c_int64] * 9 + [ctypes.c_float])
         threads = int(os.environ.get("QLINEAR_THREADS", "0")) or torch.get_num_threads()
         library = CpuLibrary(lib, path, lib.qlin_init_threads(threads), ISAS[lib.qlin_cpu_isa()])
         return replace(library, isa=library.set_isa(isa_cap()))
