@@ -803,21 +803,19 @@ int qlin_x16_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, cons
     if (rc) return rc;
     if (n <= 0 || rows <= 0) return 0;
     x16_job job = {type, w, rows / G, qlin_x16_row_bytes(type, cols) * G, cols / QK, n, ldy, NULL, NULL, y};
+    const int bytes = use_avx512() && type != T_Q8_0;   /* 4- to 6-bit types on vpdpbusd: activations as bytes */
     pool_lock();
-    if (int8 && use_avx512() && type != T_Q8_0) {
+    if (int8 && bytes) {
         job.a8 = quantize_rows_a8(x, n, job.nb32);
-        if (!job.a8) { pool_unlock(); return -3; }
-        pool_parallel(groups_task, &job, matmul_chunks(&job, n, cols));
-        pool_unlock();
-        return 0;
+    } else {
+        job.a = quantize_rows_a16(x, n, job.nb32);
+        if (job.a && bytes) {
+            job.a8 = scratch_a8x2(n * job.nb32);
+            if (job.a8) split_rows_a16(job.a, job.a8, n * job.nb32);
+            else job.a = NULL;
+        }
     }
-    job.a = quantize_rows_a16(x, n, job.nb32);
-    if (job.a && use_avx512() && type != T_Q8_0) {
-        job.a8 = scratch_a8x2(n * job.nb32);
-        if (job.a8) split_rows_a16(job.a, job.a8, n * job.nb32);
-        else job.a = NULL;
-    }
-    if (!job.a) { pool_unlock(); return -3; }
+    if (!job.a && !job.a8) { pool_unlock(); return -3; }
     pool_parallel(groups_task, &job, matmul_chunks(&job, n, cols));
     pool_unlock();
     return 0;
