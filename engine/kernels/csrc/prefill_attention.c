@@ -2,9 +2,12 @@
  *
  * torch's CPU SDPA (its flash kernel) ran a 512-token chunk of Qwen2.5-0.5B's 14 heads at ~95 GFLOP/s on
  * 2 Zen 5 cores, a fifth of a 512-token prefill there. Here each task is one query head and a block of 16
- * queries, flash-style: per block of 16 keys, the 16 x 16 scores in 16 registers (one FMA per query and
- * dimension against a row of the keys transposed once per KV head), an online softmax per query, and the
- * weighted values added into the block's output rows. Blocks of keys no query of the block sees are skipped.
+ * queries, flash-style: per block of 16 keys, the 16 x 16 scores in 16 registers of one key each, the 16
+ * queries in the lanes (one FMA per key and dimension against the queries transposed), an online softmax
+ * lane-wise, and the weighted values added into the block's output, held transposed. Blocks of keys no query
+ * of the block sees are skipped. (A first version kept one query a register, against keys transposed per KV
+ * head: its softmax needed two horizontal reductions and a scalar exp per query and block, as many
+ * instructions as the FMAs.)
  *
  * Layout: q and out [n, heads, head_dim] (row stride q_ld / out_ld floats); keys and values of KV head h,
  * key j at k + h * k_hs + j * k_js (the same for v); query i sits at position q_pos0 + i, key j at k_pos0 + j,
@@ -13,7 +16,6 @@
  * reference); the engine calls it only where the AVX-512 code runs.
  */
 #include "isa.h"
-#include "quant_blocks.h"
 #include "thread_pool.h"
 
 #include <math.h>
@@ -26,8 +28,7 @@
 typedef struct {
     const float *q, *k, *v;
     float *out;
-    float *kt;       /* keys transposed: [kv_heads][head_dim][keys padded to KB] */
-    int64_t n, keys, heads, kv_heads, dim, q_ld, out_ld, k_hs, k_js, v_hs, v_js, q_pos0, k_pos0, window, padded;
+    int64_t n, keys, heads, kv_heads, dim, q_ld, out_ld, k_hs, k_js, v_hs, v_js, q_pos0, k_pos0, window;
     float scale;
 } prefill_job;
 
@@ -65,82 +66,90 @@ static void attend_row_scalar(const prefill_job *j, int64_t i, int64_t h, float 
 }
 
 #ifdef QL_X86
-/* e^x on 16 lanes: isa.h's exp_ps on each half */
+/* e^x on 16 lanes for x in [-88, 88] (clamped; NaN reads -88): isa.h's exp_ps, its 2^k by scalef */
 AVX512_INLINE static inline __m512 exp512(__m512 x) {
-    const __m256 lo = exp_ps(_mm512_castps512_ps256(x));
-    const __m256 hi = exp_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.f)), _mm512_set1_ps(88.f));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);   /* ln 2 in two parts, as exp_ps */
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    return _mm512_scalef_ps(p, k);
 }
 
-/* queries i0 .. i0 + QB - 1 (those < n) of head h */
+/* queries i0 .. i0 + QB - 1 (those < n) of head h, one query a lane: a block's 16 x 16 scores are 16
+ * registers of one key each, so the online softmax is lane-wise (no horizontal reductions); the queries and
+ * the output are held transposed, [dim][QB]. Keys past the end are read at the last key and weighted 0. */
 AVX512 static void attend_block_avx512(const prefill_job *j, int64_t i0, int64_t h) {
     const int64_t kvh = h / (j->heads / j->kv_heads), d = j->dim;
     const int rows = j->n - i0 < QB ? (int)(j->n - i0) : QB;
-    float qs[QB][MAX_DIM] __attribute__((aligned(64)));
-    float acc[QB][MAX_DIM] __attribute__((aligned(64)));
-    float m[QB], l[QB], p[KB] __attribute__((aligned(64)));
-    int64_t first[QB], last[QB], lo = INT64_MAX, hi = -1;
+    float qt[MAX_DIM][QB] __attribute__((aligned(64)));
+    float acc[MAX_DIM][QB] __attribute__((aligned(64)));
+    int32_t first[QB] __attribute__((aligned(64))), last[QB] __attribute__((aligned(64)));
+    int64_t lo = INT64_MAX, hi = -1;
     for (int r = 0; r < QB; r++) {
+        int64_t f = INT32_MAX, t = -1;                                 /* lanes past the chunk see no key */
+        if (r < rows) visible_keys(j, i0 + r, &f, &t);
+        if (f <= t) lo = f < lo ? f : lo, hi = t > hi ? t : hi;
+        first[r] = (int32_t)f, last[r] = (int32_t)t;
         for (int64_t c = 0; c < d; c++) {
-            qs[r][c] = r < rows ? j->q[(i0 + r) * j->q_ld + h * d + c] * j->scale : 0.f;
-            acc[r][c] = 0.f;
-        }
-        m[r] = -INFINITY;
-        l[r] = 0.f;
-        if (r < rows) visible_keys(j, i0 + r, &first[r], &last[r]);
-        else first[r] = 0, last[r] = -1;
-        if (first[r] <= last[r]) {
-            lo = first[r] < lo ? first[r] : lo;
-            hi = last[r] > hi ? last[r] : hi;
+            qt[c][r] = r < rows ? j->q[(i0 + r) * j->q_ld + h * d + c] * j->scale : 0.f;
+            acc[c][r] = 0.f;
         }
     }
-    const float *kt = j->kt + kvh * d * j->padded;
+    const __m512i vfirst = _mm512_load_si512(first), vlast = _mm512_load_si512(last);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 m = ninf, l = _mm512_setzero_ps();
     for (int64_t kb = lo / KB * KB; kb <= hi; kb += KB) {
-        __m512 s[QB];
-        for (int r = 0; r < QB; r++) s[r] = _mm512_setzero_ps();
-        for (int64_t c = 0; c < d; c++) {
-            const __m512 krow = _mm512_loadu_ps(kt + c * j->padded + kb);
-            for (int r = 0; r < QB; r++) s[r] = _mm512_fmadd_ps(_mm512_set1_ps(qs[r][c]), krow, s[r]);
+        const float *kp[KB], *vp[KB];
+        for (int t = 0; t < KB; t++) {
+            const int64_t key = kb + t < j->keys ? kb + t : j->keys - 1;
+            kp[t] = j->k + kvh * j->k_hs + key * j->k_js;
+            vp[t] = j->v + kvh * j->v_hs + key * j->v_js;
         }
-        const int nk = j->keys - kb < KB ? (int)(j->keys - kb) : KB;
-        for (int r = 0; r < rows; r++) {
-            const int64_t a = first[r] > kb ? first[r] - kb : 0, b = last[r] - kb + 1 < nk ? last[r] - kb + 1 : nk;
-            if (a >= b) continue;                                   /* no key of this block for this query */
-            const __mmask16 seen = (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
-            const __m512 sr = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), seen, s[r]);
-            const float mnew = fmaxf(m[r], _mm512_reduce_max_ps(sr));
-            const float alpha = expf(m[r] - mnew);                  /* 0 on the first block seen */
-            const __m512 pr = _mm512_maskz_mov_ps(seen, exp512(_mm512_sub_ps(sr, _mm512_set1_ps(mnew))));
-            _mm512_store_ps(p, pr);
-            l[r] = l[r] * alpha + _mm512_reduce_add_ps(pr);
-            m[r] = mnew;
-            for (int64_t c = 0; c < d; c += 16) {
-                __m512 o = _mm512_mul_ps(_mm512_load_ps(&acc[r][c]), _mm512_set1_ps(alpha));
-                for (int64_t t = a; t < b; t++)
-                    o = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), _mm512_loadu_ps(j->v + kvh * j->v_hs + (kb + t) * j->v_js + c), o);
-                _mm512_store_ps(&acc[r][c], o);
-            }
+        __m512 s[KB];
+        for (int t = 0; t < KB; t++) s[t] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < d; c++) {
+            const __m512 qc = _mm512_load_ps(qt[c]);
+            for (int t = 0; t < KB; t++) s[t] = _mm512_fmadd_ps(qc, _mm512_set1_ps(kp[t][c]), s[t]);
+        }
+        __mmask16 seen[KB];
+        __m512 mblock = ninf;
+        for (int t = 0; t < KB; t++) {
+            const __m512i key = _mm512_set1_epi32((int32_t)(kb + t));
+            seen[t] = _mm512_cmple_epi32_mask(vfirst, key) & _mm512_cmple_epi32_mask(key, vlast);
+            s[t] = _mm512_mask_mov_ps(ninf, seen[t], s[t]);
+            mblock = _mm512_max_ps(mblock, s[t]);
+        }
+        const __m512 mnew = _mm512_max_ps(m, mblock);
+        const __m512 alpha = exp512(_mm512_sub_ps(m, mnew));          /* ~0 where nothing was seen before */
+        l = _mm512_mul_ps(l, alpha);
+        for (int t = 0; t < KB; t++) {
+            s[t] = _mm512_maskz_mov_ps(seen[t], exp512(_mm512_sub_ps(s[t], mnew)));
+            l = _mm512_add_ps(l, s[t]);
+        }
+        m = mnew;
+        for (int64_t c = 0; c < d; c++) {
+            __m512 o = _mm512_mul_ps(_mm512_load_ps(acc[c]), alpha);
+            for (int t = 0; t < KB; t++) o = _mm512_fmadd_ps(s[t], _mm512_set1_ps(vp[t][c]), o);
+            _mm512_store_ps(acc[c], o);
         }
     }
+    float inv[QB] __attribute__((aligned(64)));
+    const __mmask16 any = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ);
+    _mm512_store_ps(inv, _mm512_maskz_div_ps(any, _mm512_set1_ps(1.f), l));
     for (int r = 0; r < rows; r++) {
         float *out = j->out + (i0 + r) * j->out_ld + h * d;
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-        for (int64_t c = 0; c < d; c++) out[c] = acc[r][c] * inv;
+        for (int64_t c = 0; c < d; c++) out[c] = acc[c][r] * inv[r];
     }
 }
 #endif
-
-static void transpose_task(void *arg, int64_t chunk, int64_t nchunks) {
-    const prefill_job *j = arg;
-    int64_t lo, hi;
-    chunk_range(j->kv_heads, chunk, nchunks, &lo, &hi);
-    for (int64_t h = lo; h < hi; h++) {
-        float *kt = j->kt + h * j->dim * j->padded;
-        for (int64_t c = 0; c < j->dim; c++)
-            for (int64_t t = 0; t < j->padded; t++)
-                kt[c * j->padded + t] = t < j->keys ? j->k[h * j->k_hs + t * j->k_js + c] : 0.f;
-    }
-}
 
 static void attend_task(void *arg, int64_t chunk, int64_t nchunks) {
     const prefill_job *j = arg;
@@ -158,21 +167,15 @@ static void attend_task(void *arg, int64_t chunk, int64_t nchunks) {
 }
 
 /* 0, or -1: a shape this kernel does not take (head_dim not a multiple of 16 up to MAX_DIM, heads not a
- * multiple of kv_heads, more than 16384 keys); -3: no memory for the transposed keys */
+ * multiple of kv_heads, more than 16384 keys) */
 int prefill_attention(const float *q, int64_t q_ld, const float *k, int64_t k_hs, int64_t k_js, const float *v,
                       int64_t v_hs, int64_t v_js, float *out, int64_t out_ld, int64_t n, int64_t keys, int64_t heads,
                       int64_t kv_heads, int64_t dim, int64_t q_pos0, int64_t k_pos0, int64_t window, float scale) {
     if (dim % 16 || dim > MAX_DIM || kv_heads < 1 || heads % kv_heads || keys > (1 << 14)) return -1;
     if (n <= 0 || keys <= 0) return 0;
-    static void *buf = NULL;
-    static size_t cap = 0;
-    const int64_t padded = (keys + KB - 1) / KB * KB;
-    prefill_job job = {q, k, v, out, NULL, n, keys, heads, kv_heads, dim, q_ld, out_ld, k_hs, k_js, v_hs, v_js,
-                       q_pos0, k_pos0, window, padded, scale};
+    prefill_job job = {q, k, v, out, n, keys, heads, kv_heads, dim, q_ld, out_ld, k_hs, k_js, v_hs, v_js,
+                       q_pos0, k_pos0, window, scale};
     pool_lock();
-    job.kt = grow_scratch(&buf, &cap, (size_t)(kv_heads * dim * padded) * sizeof(float));
-    if (!job.kt) { pool_unlock(); return -3; }
-    pool_parallel(transpose_task, &job, kv_heads);
     pool_parallel(attend_task, &job, heads * ((n + QB - 1) / QB));
     pool_unlock();
     return 0;
