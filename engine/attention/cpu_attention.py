@@ -6,7 +6,7 @@ those bytes outnumber the weights' (16 sequences of 500 tokens: 368 MB of SmolLM
 96 MB of quantized weights), so the kernel reads each sequence's blocks where they lie instead.
 Prefill chunks gather their context's keys as the torch backend does (a small part of the work there), and
 on AVX-512 their attention runs on the C prefill kernel (engine/kernels/csrc/prefill_attention.c), about
-twice torch's SDPA on a 512-token chunk; elsewhere on torch's SDPA.
+three times torch's SDPA on a 512-token chunk; elsewhere on torch's SDPA.
 For an fp32 model, with the cache in fp32 or fp16 (the engine's default here: half the bytes, see
 EngineConfig.kv_cache_dtype); a bf16 model takes the torch backend. A sliding-window layer's decodes
 longer than the window run on the kernel too, through a table of one-slot blocks listing the window's keys.
