@@ -182,7 +182,7 @@ def render_summary(sources: list[Path]) -> str:
 
 
 def _ratio_range(ratios: list[float]) -> str:
-    at_parity = sum(round(x, 2) >= 1.0 for x in ratios)
+    at_parity = sum(x >= 1.0 for x in ratios)       # unrounded: a 0.997 prints 1.00 but is not at parity
     return f"{min(ratios):.2f}x-{max(ratios):.2f}x, >= 1.00x on {at_parity} of {len(ratios)}"
 
 
