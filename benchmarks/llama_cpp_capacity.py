@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
@@ -425,6 +426,31 @@ def render_doc(sources: list[Path]) -> str:
         ratio_text = fmt(s["capacity_qps"] / best, ".2f") if best and s["capacity_qps"] is not None else "-"
         rows.append(f"| {s['spec']['server']} | {gguf} | `{s['spec']['config']}` | {fmt(s['capacity_qps'])} | "
                     f"{'; '.join(map(_probe_text, s['probes']))} | {ratio_text} |")
+    return "\n".join(rows)
+
+
+def render_bars(sources: list[Path]) -> str:
+    """README's summary of #31's capacity bars over runs on one machine: per GGUF, the most the daemon held
+    and the rate below which llama.cpp's best configuration lies (the highest of each probed configuration's
+    lowest failing rate), so the daemon holds more than their ratio times llama.cpp's best. A configuration
+    that never failed leaves that open ("-"). The sources choose the daemon: pass its default runs only."""
+    held: dict[str, float] = {}
+    failed: dict[str, dict[str, list[float]]] = {}   # per GGUF and llama.cpp configuration: the rates it failed
+    for source in sources:
+        run = json.loads(source.read_text())
+        gguf = os.path.basename(run["gguf"])
+        for s in run["servers"]:
+            if s["spec"]["server"] == "autotuned-serve":
+                held[gguf] = max(held.get(gguf, 0.0), s["capacity_qps"] or 0.0)
+            else:
+                failed.setdefault(gguf, {}).setdefault(s["spec"]["name"], []).extend(
+                    p["qps"] for p in s["probes"] if not p["passed"])
+    rows = ["| GGUF | the daemon held (req/s) | llama.cpp configurations probed | each failed at or below (req/s) "
+            "| the daemon over llama.cpp's best |", "|---|---:|---:|---:|---:|"]
+    for gguf, configs in failed.items():
+        bound = max(min(rates) for rates in configs.values()) if all(configs.values()) else None
+        ratio_text = f"> {math.floor(100 * held[gguf] / bound) / 100:.2f}x" if bound and held.get(gguf) else "-"
+        rows.append(f"| {gguf} | {fmt(held.get(gguf))} | {len(configs)} | {fmt(bound)} | {ratio_text} |")
     return "\n".join(rows)
 
 

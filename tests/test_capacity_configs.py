@@ -50,3 +50,25 @@ def test_the_live_grid_gives_each_config_its_ratio_to_the_best_untuned_of_its_ow
               for line in table.splitlines()[2:]}
     assert ratios == {("grid", "`daemon`"): "0.80", ("grid", "`daemon-sarathi-64`"): "1.00",
                       ("grid", "`daemon-tuned`"): "1.00", ("alone", "`daemon-deadline-64`"): "-"}
+
+
+def test_the_bars_bound_llama_cpps_best_by_each_configurations_lowest_failing_rate(tmp_path: Path):
+    def run(folder: str, gguf: str, *servers: tuple[str, float, list[tuple[float, bool]]]) -> Path:
+        path = tmp_path / folder / "llama_cpp_capacity.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({"gguf": f"/models/{gguf}", "servers": [
+            {"spec": {"name": name, "server": "llama.cpp" if name.startswith("llama") else "autotuned-serve"},
+             "capacity_qps": qps, "probes": [{"qps": rate, "passed": passed} for rate, passed in probes]}
+            for name, qps, probes in servers]}))
+        return path
+    table = capacity.render_bars([
+        run("daemon", "a.gguf", ("daemon", 1.6, [(0.8, True), (1.6, True), (3.2, False)])),
+        run("grid", "a.gguf", ("llama-b32-np4", 0.0, [(1.6, False)]), ("llama-b64-np4", 0.0, [(1.2, False)])),
+        run("search", "a.gguf", ("llama-b32-np4", 0.6, [(0.6, True), (0.8, False)])),   # lowers b32's bound
+        run("other", "b.gguf", ("daemon", 0.6, [(0.6, True)]), ("llama-b32-np4", 0.3, [(0.3, True)]))])
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in table.splitlines()[2:]}
+    # a.gguf: b32 failed 0.8, b64 1.2: llama.cpp's best lies below 1.2, the daemon held 1.6 (1.333...)
+    assert rows["a.gguf"] == ["1.600", "2", "1.200", "> 1.33x"]
+    # b.gguf: a configuration that never failed leaves the bound open
+    assert rows["b.gguf"] == ["0.600", "1", "-", "-"]
