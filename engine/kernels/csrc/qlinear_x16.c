@@ -328,62 +328,82 @@ AVX512_INLINE static inline __m512i with_high(__m512i w, __m512i h, int hb, int 
     return _mm512_ternarylogic_epi32(w, shift_epi16(h, 4 - hb * field), mask, 0xF8);
 }
 
-/* as group_dot_scalar for 4-, 5- and 6-bit types on split activations (vpdpbusd, see the top), na <= NA_X16 */
-AVX512_INLINE static inline void group_dot_nib_avx512(int type, const uint8_t *gw, const block_a8x2 *a, int64_t nb32,
-                                                      int na, int wide, float *out) {
+/* as group_dot_scalar for 4-, 5- and 6-bit types on split activations (vpdpbusd, see the top), na <= NA_X16,
+ * for ng (1 or 2) groups at once, the second gstride bytes after the first; group g's row j goes to
+ * out[(g * NA_X16 + j) * G]. With two groups each broadcast activation word feeds two vpdpbusd instead of one
+ * (pairs_of_groups says where that pays) */
+AVX512_INLINE static inline void group_dot_nib_avx512(int type, const uint8_t *gw, int64_t gstride, int ng,
+                                                      const block_a8x2 *a, int64_t nb32, int na, int wide, float *out) {
     const x16_format f = format_of(type);
     const int subs = f.be / QK, halves = f.nsc == 16 ? 2 : 1, hb = f.bits - 4, k = hb ? 4 / hb : 1;
     const __m512i nib = _mm512_set1_epi8(0x0F);
-    __m512 acc[NA_X16];
-    for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
+    __m512 acc[2][NA_X16];
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < na; j++) acc[g][j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb32 / subs; b++) {
-        const uint8_t *gb = gw + b * f.gbb;
-        prefetch_ahead(gb, f.gbb);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        const uint8_t *gb[2];
+        __m512 d[2];
+        for (int g = 0; g < ng; g++) {
+            gb[g] = gw + g * gstride + b * f.gbb;
+            prefetch_ahead(gb[g], f.gbb);
+            d[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb[g]));
+        }
         for (int s = 0; s < subs; s++) {
             const block_a8x2 *ab = a + b * subs + s;  /* activation row j's block: ab[j * nb32] */
             for (int hc = 0; hc < halves; hc++) {    /* Q6_K: columns 0-15 and 16-31 have their own scales */
-                __m512i hi[NA_X16], lo[NA_X16];
-                for (int j = 0; j < na; j++) hi[j] = lo[j] = _mm512_setzero_si512();
+                __m512i hi[2][NA_X16], lo[2][NA_X16];
+                for (int g = 0; g < ng; g++)
+                    for (int j = 0; j < na; j++) hi[g][j] = lo[g][j] = _mm512_setzero_si512();
                 for (int m = hc * 4 / halves; m < (hc + 1) * 4 / halves; m++) {  /* chunks of 8 columns */
-                    const uint8_t *q = gb + f.off_q + s * f.sbb;
-                    const __m512i v = _mm512_loadu_si512(q + 64 * m);
-                    __m512i w0 = _mm512_and_si512(v, nib), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                    if (hb) {
-                        const __m512i h = _mm512_loadu_si512(q + 256 + 64 * (m / k));
-                        w0 = with_high(w0, h, hb, 2 * (m % k));
-                        w1 = with_high(w1, h, hb, 2 * (m % k) + 1);
+                    __m512i w0[2], w1[2];
+                    for (int g = 0; g < ng; g++) {
+                        const uint8_t *q = gb[g] + f.off_q + s * f.sbb;
+                        const __m512i v = _mm512_loadu_si512(q + 64 * m);
+                        w0[g] = _mm512_and_si512(v, nib);
+                        w1[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                        if (hb) {
+                            const __m512i h = _mm512_loadu_si512(q + 256 + 64 * (m / k));
+                            w0[g] = with_high(w0[g], h, hb, 2 * (m % k));
+                            w1[g] = with_high(w1[g], h, hb, 2 * (m % k) + 1);
+                        }
                     }
                     for (int j = 0; j < na; j++) {
                         int32_t h0, h1, l0, l1;
                         memcpy(&h0, ab[j * nb32].hi + 8 * m, 4);
                         memcpy(&h1, ab[j * nb32].hi + 8 * m + 4, 4);
-                        hi[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi[j], w0, _mm512_set1_epi32(h0)), w1,
-                                                    _mm512_set1_epi32(h1));
+                        const __m512i bh0 = _mm512_set1_epi32(h0), bh1 = _mm512_set1_epi32(h1);
+                        for (int g = 0; g < ng; g++)
+                            hi[g][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi[g][j], w0[g], bh0), w1[g], bh1);
                         if (!wide) continue;
                         memcpy(&l0, ab[j * nb32].lo + 8 * m, 4);
                         memcpy(&l1, ab[j * nb32].lo + 8 * m + 4, 4);
-                        lo[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo[j], _mm512_set1_epi32(l0), w0),
-                                                    _mm512_set1_epi32(l1), w1);
+                        const __m512i bl0 = _mm512_set1_epi32(l0), bl1 = _mm512_set1_epi32(l1);
+                        for (int g = 0; g < ng; g++)
+                            lo[g][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo[g][j], bl0, w0[g]), bl1, w1[g]);
                     }
                 }
-                const __m512 scale = scales_avx512(&f, gb, d, s, hc);
-                const __m512 bias = _mm512_mul_ps(scale, _mm512_set1_ps((float)-f.bias));
-                for (int j = 0; j < na; j++) {
-                    const __m512i sum = wide ? _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]) : hi[j];
-                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(ab[j * nb32].d)),
-                                             acc[j]);
-                    if (halves == 2)   /* Q6_K's bias, per half: -32 scale x the half's activation sum */
-                        acc[j] = _mm512_fmadd_ps(bias, _mm512_set1_ps(ab[j * nb32].sh[hc]), acc[j]);
+                for (int g = 0; g < ng; g++) {
+                    const __m512 scale = scales_avx512(&f, gb[g], d[g], s, hc);
+                    const __m512 bias = _mm512_mul_ps(scale, _mm512_set1_ps((float)-f.bias));
+                    for (int j = 0; j < na; j++) {
+                        const __m512i sum = wide ? _mm512_add_epi32(_mm512_slli_epi32(hi[g][j], 8), lo[g][j]) : hi[g][j];
+                        acc[g][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                                                    _mm512_mul_ps(scale, _mm512_set1_ps(ab[j * nb32].d)), acc[g][j]);
+                        if (halves == 2)   /* Q6_K's bias, per half: -32 scale x the half's activation sum */
+                            acc[g][j] = _mm512_fmadd_ps(bias, _mm512_set1_ps(ab[j * nb32].sh[hc]), acc[g][j]);
+                    }
                 }
             }
-            if (halves == 1 && (f.bias || has_offset(&f))) {
-                const __m512 m = offsets_avx512(&f, gb, d, s);
-                for (int j = 0; j < na; j++) acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(ab[j * nb32].s), acc[j]);
-            }
+            if (halves == 1 && (f.bias || has_offset(&f)))
+                for (int g = 0; g < ng; g++) {
+                    const __m512 m = offsets_avx512(&f, gb[g], d[g], s);
+                    for (int j = 0; j < na; j++)
+                        acc[g][j] = _mm512_fmadd_ps(m, _mm512_set1_ps(ab[j * nb32].s), acc[g][j]);
+                }
         }
     }
-    for (int j = 0; j < na; j++) _mm512_storeu_ps(out + j * G, acc[j]);
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < na; j++) _mm512_storeu_ps(out + (g * NA_X16 + j) * G, acc[g][j]);
 }
 
 /* as group_dot_scalar for Q8_0 (int8 weights, no sub-scales or offsets: int16 pairs on vpdpwssd), na <=
@@ -427,27 +447,28 @@ AVX512_INLINE static inline void group_dot_q8_avx512(const uint8_t *gw, const bl
     default: group_dot_q8_avx512(gw, a, nb32, 8, out); break;                      \
     }
 
-#define NA_NIB 4
-#define FOR_NA_NIB(T, N)                                                           \
+#define NA_NIB 4   /* activation rows a pass over one group's weights: two integer sums a row, in registers */
+#define NA_PAIR 4  /* the same over two groups' (3 measured slower) */
+#define FOR_NA_NIB(T, N, NG)                                                       \
     switch (N) {                                                                   \
-    case 1: group_dot_nib_avx512(T, gw, a8, nb32, 1, 1, out); break;               \
-    case 2: group_dot_nib_avx512(T, gw, a8, nb32, 2, 1, out); break;               \
-    case 3: group_dot_nib_avx512(T, gw, a8, nb32, 3, 1, out); break;               \
-    default: group_dot_nib_avx512(T, gw, a8, nb32, 4, 1, out); break;              \
+    case 1: group_dot_nib_avx512(T, gw, gstride, NG, a8, nb32, 1, 1, out); break;  \
+    case 2: group_dot_nib_avx512(T, gw, gstride, NG, a8, nb32, 2, 1, out); break;  \
+    case 3: group_dot_nib_avx512(T, gw, gstride, NG, a8, nb32, 3, 1, out); break;  \
+    default: group_dot_nib_avx512(T, gw, gstride, NG, a8, nb32, 4, 1, out); break; \
     }
 
 /* int8 activations: one integer sum a row, so a pass takes all NA_X16 rows (a group's unpacked weights
  * serve twice as many rows) */
 #define FOR_NA_NIB8(T, N)                                                          \
     switch (N) {                                                                   \
-    case 1: group_dot_nib_avx512(T, gw, a8, nb32, 1, 0, out); break;               \
-    case 2: group_dot_nib_avx512(T, gw, a8, nb32, 2, 0, out); break;               \
-    case 3: group_dot_nib_avx512(T, gw, a8, nb32, 3, 0, out); break;               \
-    case 4: group_dot_nib_avx512(T, gw, a8, nb32, 4, 0, out); break;               \
-    case 5: group_dot_nib_avx512(T, gw, a8, nb32, 5, 0, out); break;               \
-    case 6: group_dot_nib_avx512(T, gw, a8, nb32, 6, 0, out); break;               \
-    case 7: group_dot_nib_avx512(T, gw, a8, nb32, 7, 0, out); break;               \
-    default: group_dot_nib_avx512(T, gw, a8, nb32, 8, 0, out); break;              \
+    case 1: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 1, 0, out); break;               \
+    case 2: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 2, 0, out); break;               \
+    case 3: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 3, 0, out); break;               \
+    case 4: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 4, 0, out); break;               \
+    case 5: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 5, 0, out); break;               \
+    case 6: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 6, 0, out); break;               \
+    case 7: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 7, 0, out); break;               \
+    default: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 8, 0, out); break;              \
     }
 
 AVX512 static void group_dot_vnni_a8(int type, const uint8_t *gw, const block_a8x2 *a8, int64_t nb32, int na,
@@ -462,22 +483,32 @@ AVX512 static void group_dot_vnni_a8(int type, const uint8_t *gw, const block_a8
     }
 }
 
-AVX512 static void group_dot_vnni(int type, const uint8_t *gw, const block_a16 *a, const block_a8x2 *a8,
-                                  int64_t nb32, int na, float *out) {
+/* ng (1 or 2) groups, gstride bytes apart (two for the 4-bit types only: pairs_of_groups), group g's rows at
+ * out + g * NA_X16 * G */
+AVX512 static void group_dot_vnni(int type, const uint8_t *gw, int64_t gstride, int ng, const block_a16 *a,
+                                  const block_a8x2 *a8, int64_t nb32, int na, float *out) {
     if (type == T_Q8_0) {
         FOR_NA_Q8;
         return;
     }
-    /* passes of NA_NIB rows: two integer sums a row, in registers */
-    for (int c = 0; c < na; c += NA_NIB, a8 += NA_NIB * nb32, out += NA_NIB * G) {
-        const int n = na - c < NA_NIB ? na - c : NA_NIB;
+    const int pass = ng == 2 ? NA_PAIR : NA_NIB;
+    for (int c = 0; c < na; c += pass, a8 += pass * nb32, out += pass * G) {
+        const int n = na - c < pass ? na - c : pass;
+        if (ng == 2) {
+            switch (type) {
+            case T_Q4_0: FOR_NA_NIB(T_Q4_0, n, 2); break;
+            case T_Q4_1: FOR_NA_NIB(T_Q4_1, n, 2); break;
+            default: FOR_NA_NIB(T_Q4_K, n, 2); break;
+            }
+            continue;
+        }
         switch (type) {
-        case T_Q4_0: FOR_NA_NIB(T_Q4_0, n); break;
-        case T_Q4_1: FOR_NA_NIB(T_Q4_1, n); break;
-        case T_Q5_0: FOR_NA_NIB(T_Q5_0, n); break;
-        case T_Q4_K: FOR_NA_NIB(T_Q4_K, n); break;
-        case T_Q5_K: FOR_NA_NIB(T_Q5_K, n); break;
-        default: FOR_NA_NIB(T_Q6_K, n); break;
+        case T_Q4_0: FOR_NA_NIB(T_Q4_0, n, 1); break;
+        case T_Q4_1: FOR_NA_NIB(T_Q4_1, n, 1); break;
+        case T_Q5_0: FOR_NA_NIB(T_Q5_0, n, 1); break;
+        case T_Q4_K: FOR_NA_NIB(T_Q4_K, n, 1); break;
+        case T_Q5_K: FOR_NA_NIB(T_Q5_K, n, 1); break;
+        default: FOR_NA_NIB(T_Q6_K, n, 1); break;
         }
     }
 }
@@ -614,11 +645,12 @@ AVX2 static void group_dot_avx2(int type, const uint8_t *gw, const block_a16 *a,
 }
 #endif /* QL_X86 */
 
-static void group_dot(int type, const uint8_t *gw, const block_a16 *a, const block_a8x2 *a8, int64_t nb32, int na,
-                      float *out) {
+/* ng groups (2: pairs_of_groups only), gstride bytes apart, group g's rows at out + g * NA_X16 * G */
+static void group_dot(int type, const uint8_t *gw, int64_t gstride, int ng, const block_a16 *a, const block_a8x2 *a8,
+                      int64_t nb32, int na, float *out) {
 #ifdef QL_X86
     if (!a) { group_dot_vnni_a8(type, gw, a8, nb32, na, out); return; }   /* int8 activations (AVX-512 only) */
-    if (use_avx512()) { group_dot_vnni(type, gw, a, a8, nb32, na, out); return; }
+    if (use_avx512()) { group_dot_vnni(type, gw, gstride, ng, a, a8, nb32, na, out); return; }
     if (use_avx2()) { group_dot_avx2(type, gw, a, nb32, na, out); return; }
 #endif
     const x16_format f = format_of(type);
@@ -767,18 +799,32 @@ static block_a8x2 *quantize_rows_a8(const float *x, int64_t n, int64_t nb32) {
     return job.b;
 }
 
+/* Two groups a pass where the 16-bit activations are split into bytes (AVX-512 VNNI), the weights have 4 bits
+ * and a step has several rows: each broadcast activation word then feeds two vpdpbusd (group_dot_nib_avx512).
+ * With one broadcast load a vpdpbusd, a 512-row step's matmuls ran ~5.5 G of them a second a core on a 2-core
+ * Zen 5, well under what the core issues from registers; two groups made 4-bit types' steps faster and 5- and
+ * 6-bit ones slower (their high bits double each group's registers): benchmarks/x16_prefill_ab.py,
+ * docs/llama_cpp.md. A batch-1
+ * decode step, bound by reading the weights, keeps one group a pass. */
+static int pairs_of_groups(const x16_job *j) { return j->a && j->a8 && j->n > 1 && format_of(j->type).bits == 4; }
+
 static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
     x16_job *j = p;
     int64_t lo, hi;
     chunk_range(j->groups, chunk, nchunks, &lo, &hi);
-    float out[NA_X16 * G];
-    for (int64_t g = lo; g < hi; g++)
+    float out[2 * NA_X16 * G];
+    for (int64_t g = lo; g < hi;) {
+        const int ng = pairs_of_groups(j) && g + 1 < hi ? 2 : 1;
         for (int64_t c = 0; c < j->n; c += NA_X16) {
             const int na = j->n - c < NA_X16 ? (int)(j->n - c) : NA_X16;
-            group_dot(j->type, j->w + g * j->group_bytes, j->a ? j->a + c * j->nb32 : NULL,
+            group_dot(j->type, j->w + g * j->group_bytes, j->group_bytes, ng, j->a ? j->a + c * j->nb32 : NULL,
                       j->a8 ? j->a8 + c * j->nb32 : NULL, j->nb32, na, out);
-            for (int t = 0; t < na; t++) memcpy(j->y + (c + t) * j->ldy + g * G, out + t * G, G * sizeof(float));
+            for (int k = 0; k < ng; k++)
+                for (int t = 0; t < na; t++)
+                    memcpy(j->y + (c + t) * j->ldy + (g + k) * G, out + (k * NA_X16 + t) * G, G * sizeof(float));
         }
+        g += ng;
+    }
 }
 
 /* Chunks of at least ~32K weight-activation products (a few microseconds, above the cost of a hand-off)
