@@ -801,7 +801,7 @@ static block_a8x2 *quantize_rows_a8(const float *x, int64_t n, int64_t nb32) {
 
 /* Two groups a pass where the 16-bit activations are split into bytes (AVX-512 VNNI), the weights have 4 bits
  * and a step has several rows: each broadcast activation word then feeds two vpdpbusd (group_dot_nib_avx512).
- * With one broadcast load a vpdpbusd, a 512-row step's matmuls ran ~5.5 G of them a second a core on a 2-core
+ * With one broadcast load a vpdpbusd, a 512-row step's matmuls ran ~5.3 G of them a second a core on a 2-core
  * Zen 5, well under what the core issues from registers; two groups made 4-bit types' steps faster and 5- and
  * 6-bit ones slower (their high bits double each group's registers): benchmarks/x16_prefill_ab.py,
  * docs/llama_cpp.md. A batch-1
