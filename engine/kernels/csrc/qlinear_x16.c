@@ -461,14 +461,14 @@ AVX512_INLINE static inline void group_dot_q8_avx512(const uint8_t *gw, const bl
  * serve twice as many rows) */
 #define FOR_NA_NIB8(T, N)                                                          \
     switch (N) {                                                                   \
-    case 1: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 1, 0, out); break;               \
-    case 2: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 2, 0, out); break;               \
-    case 3: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 3, 0, out); break;               \
-    case 4: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 4, 0, out); break;               \
-    case 5: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 5, 0, out); break;               \
-    case 6: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 6, 0, out); break;               \
-    case 7: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 7, 0, out); break;               \
-    default: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 8, 0, out); break;              \
+    case 1: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 1, 0, out); break;        \
+    case 2: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 2, 0, out); break;        \
+    case 3: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 3, 0, out); break;        \
+    case 4: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 4, 0, out); break;        \
+    case 5: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 5, 0, out); break;        \
+    case 6: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 6, 0, out); break;        \
+    case 7: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 7, 0, out); break;        \
+    default: group_dot_nib_avx512(T, gw, 0, 1, a8, nb32, 8, 0, out); break;       \
     }
 
 AVX512 static void group_dot_vnni_a8(int type, const uint8_t *gw, const block_a8x2 *a8, int64_t nb32, int na,
@@ -802,10 +802,9 @@ static block_a8x2 *quantize_rows_a8(const float *x, int64_t n, int64_t nb32) {
 /* Two groups a pass where the 16-bit activations are split into bytes (AVX-512 VNNI), the weights have 4 bits
  * and a step has several rows: each broadcast activation word then feeds two vpdpbusd (group_dot_nib_avx512).
  * With one broadcast load a vpdpbusd, a 512-row step's matmuls ran ~5.3 G of them a second a core on a 2-core
- * Zen 5, well under what the core issues from registers; two groups made 4-bit types' steps faster and 5- and
- * 6-bit ones slower (their high bits double each group's registers): benchmarks/x16_prefill_ab.py,
- * docs/llama_cpp.md. A batch-1
- * decode step, bound by reading the weights, keeps one group a pass. */
+ * Zen 5, bound by the broadcasts; two groups made Q4_0's steps faster, and 5- and 6-bit types' slower in scratch
+ * runs (their high bits double each group's registers): benchmarks/x16_prefill_ab.py, docs/llama_cpp.md. A
+ * batch-1 decode step, bound by reading the weights, keeps one group a pass. */
 static int pairs_of_groups(const x16_job *j) { return j->a && j->a8 && j->n > 1 && format_of(j->type).bits == 4; }
 
 static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
