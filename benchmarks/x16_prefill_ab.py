@@ -27,7 +27,7 @@ SHAPES = {"0.5b": [(1152, 896), (896, 896), (9728, 896), (896, 4864)],
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--before", required=True, help="the library to compare against (a build of an earlier commit)")
+    p.add_argument("--before", help="the library to compare against (a build of an earlier commit); required")
     p.add_argument("--after", default=None, help="default: this tree's engine/kernels library")
     p.add_argument("--types", nargs="+", default=["Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"])
     p.add_argument("--rows", type=int, default=512)
@@ -40,7 +40,7 @@ def parse_args() -> argparse.Namespace:
 
 def time_layer(qtype_name: str, shapes: str, rows: int, repeats: int) -> float:
     """Seconds for one layer's four matmuls (each the best of `repeats` calls), in this process's library."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))   # run with -P: the script's folder is not on the path
     import bench_common  # noqa: F401  (engine before torch)
     import torch
     from gguf import GGMLQuantizationType
@@ -60,14 +60,13 @@ def shapes_of(qtype_name: str) -> str:
 
 def run_child(library: str, qtype_name: str, args: argparse.Namespace) -> float:
     env = dict(os.environ, AUTOTUNED_SERVE_CPU_KERNELS=library)
-    cmd = [sys.executable, "-P", __file__, "--before", library, "--rows", str(args.rows), "--repeats",
+    cmd = [sys.executable, "-P", __file__, "--rows", str(args.rows), "--repeats",
            str(args.repeats), "--time-one", qtype_name, shapes_of(qtype_name)]
     out = subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
     return float(out.strip().splitlines()[-1])
 
 
 def default_library() -> str:
-    sys.path.insert(0, str(ROOT))
     from engine.kernels.cpu_kernels import library_path
     path = library_path()
     if path is None:
@@ -91,7 +90,8 @@ def main() -> None:
     if args.time_one:
         print(time_layer(*args.time_one, args.rows, args.repeats))
         return
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    if args.before is None:
+        raise SystemExit("x16_prefill_ab: --before LIBRARY is required")
     from bench_common import MachineInfo, emit_summary
     after = args.after or default_library()
     results = []

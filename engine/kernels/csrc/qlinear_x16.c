@@ -812,8 +812,9 @@ static void groups_task(void *p, int64_t chunk, int64_t nchunks) {
     int64_t lo, hi;
     chunk_range(j->groups, chunk, nchunks, &lo, &hi);
     float out[2 * NA_X16 * G];
+    const int pairs = pairs_of_groups(j);
     for (int64_t g = lo; g < hi;) {
-        const int ng = pairs_of_groups(j) && g + 1 < hi ? 2 : 1;
+        const int ng = pairs && g + 1 < hi ? 2 : 1;
         for (int64_t c = 0; c < j->n; c += NA_X16) {
             const int na = j->n - c < NA_X16 ? (int)(j->n - c) : NA_X16;
             group_dot(j->type, j->w + g * j->group_bytes, j->group_bytes, ng, j->a ? j->a + c * j->nb32 : NULL,
