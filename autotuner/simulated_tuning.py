@@ -137,7 +137,8 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
     sim.finish_listeners.append(records.append)
     warm = SimulatorWarmStart(lambda: cost, space, slo, settings.policy, target.knobs,
                               lambda s: telemetry.recent_requests(s, now=sim.now), settings.warm_start_trials,
-                              settings.warm_start_enqueue, seed, error_budget_horizon_s=horizon)
+                              settings.warm_start_enqueue, seed, error_budget_horizon_s=horizon,
+                              base_policy=target.policy)
     controller = Controller(target, space, TunerState(state_dir, seed), slo, settings, warm)
     controller.cold_start(slo_token_budget(cost, slo, space, SLO_HEADROOM))
     sim.submit(specs)

@@ -32,6 +32,9 @@ class SimulatedTarget:
     def knobs(self) -> Knobs:
         return self.sim.scheduler.latest_knobs
 
+    def policy(self) -> str:
+        return self.sim.scheduler.latest_policy
+
     def apply(self, policy: str, knobs: Knobs) -> None:
         self.sim.scheduler.set_policy(policy)
         self.sim.scheduler.set_knobs(knobs)
@@ -56,6 +59,9 @@ class EngineTarget:
 
     def knobs(self) -> Knobs:
         return self.engine.scheduler.latest_knobs
+
+    def policy(self) -> str:
+        return self.engine.scheduler.latest_policy
 
     def apply(self, policy: str, knobs: Knobs) -> None:
         self.engine.check_knobs(knobs)

@@ -140,7 +140,7 @@ class TunerService:
         warm = SimulatorWarmStart(self.cost.current, self.space, self.slo, s.policy, target.knobs,
                                   telemetry.recent_requests, s.warm_start_trials, s.warm_start_enqueue,
                                   runner=background_runner(self._simulating) if self._simulating else search,
-                                  error_budget_horizon_s=s.context_window_s)
+                                  error_budget_horizon_s=s.context_window_s, base_policy=target.policy)
         controller = Controller(target, self.space, state, self.slo, self.settings, warm, failures=self.failures)
         controller.listeners.append(self.metrics.on_decision)
         if self._sampling:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import optuna
+from optuna.trial import TrialState
 
 from autotuner.background import BackgroundRunner, throttle
 from autotuner.objective import Score, score, slo_excess
@@ -60,7 +61,11 @@ MAX_TIED = 4        # tied candidates re-run at the stress rate, besides the kno
 # A stress run resampled from fewer finished requests than a window needs (the controller's
 # min_window_requests) ranks on their noise: on the CPU's diurnal day, 5 requests at dawn moved a
 # start that served as well as the best static configuration to one 0.96x of it. The knobs serving
-# then stay first while tied.
+# then stay first while tied. On so few requests the search also runs no TPE trials, only the
+# candidates given a priori (the knobs serving, the shipped defaults, the coarse grid): TPE fits
+# them. On the CPU's summarization from a 32-token start, 5 requests at 60 s, it handed over a
+# 1,440-token cap with 13 prompts prefilling at once, which the controller held (at such rates it
+# keeps the warm start's first pick), 0.98x the best static configuration from 2,850 s.
 MIN_STRESS_SAMPLES = 20
 
 
@@ -117,6 +122,7 @@ class WarmStartJob:
     keep: int
     seed: int = 0
     error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S   # the controller's context window, as the engine's
+    serving_policy: str | None = None   # the engine's policy now, where it is not `policy` (a start on another)
 
 
 def search(job: WarmStartJob) -> list[dict[str, Any]]:
@@ -127,7 +133,8 @@ def search(job: WarmStartJob) -> list[dict[str, Any]]:
     # trials in six dimensions are mostly random, and on the shifting workload they handed over
     # configurations 0.67x as good (knobs serving now) and missed the grid point (cap 2048 at
     # headroom 1.0) that serves most on the A100 profile
-    for point in [{}, *seed_points(job.policy, job.trials)]:
+    # (and, second, the shipped defaults: what ties fall back to when the knobs serving now are not among them)
+    for point in [{}, shipped_defaults(job.space), *seed_points(job.policy, job.trials)]:
         study.enqueue_trial(job.space.clamp(job.knobs | point | {"policy": job.policy}), skip_if_exists=True)
 
     def objective(trial: optuna.Trial) -> float:
@@ -137,9 +144,17 @@ def search(job: WarmStartJob) -> list[dict[str, Any]]:
             trial.set_constraint(name, value)
         return result.value
 
-    study.optimize(objective, n_trials=job.trials)
+    study.optimize(objective, n_trials=job.trials if len(job.lengths) >= MIN_STRESS_SAMPLES else
+                   min(job.trials, len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))))
+    serving_counts = job.serving_policy in (None, job.policy)
     return ties_ranked_under_stress(study, job.space, best_configurations(study, job.space, job.keep),
-                                    stress_value(job))
+                                    stress_value(job), serving_counts)
+
+
+def shipped_defaults(space: SearchSpace) -> dict[str, Any]:
+    """The search space's knobs at their shipped defaults (policies.Knobs()): the configuration
+    nobody had to find."""
+    return space.snap({})
 
 
 def stress_value(job: WarmStartJob) -> Callable[[dict[str, Any]], float] | None:
@@ -193,43 +208,49 @@ def best_configurations(study: optuna.Study, space: SearchSpace, keep: int) -> l
 
 
 def ties_ranked_under_stress(study: optuna.Study, space: SearchSpace, best: list[dict[str, Any]],
-                             stress_value: Callable[[dict[str, Any]], float] | None) -> list[dict[str, Any]]:
+                             stress_value: Callable[[dict[str, Any]], float] | None,
+                             serving_counts: bool = True) -> list[dict[str, Any]]:
     """`best` with its head re-ranked: the configurations that met the SLO within INCUMBENT_MARGIN
-    of the best value (the knobs serving now, the study's first trial, among them when they did) are
-    ordered by `stress_value`, the knobs serving now first while within INCUMBENT_MARGIN of the best
-    there too: a move the stress run cannot justify either risks what serves. Without a stress run
-    (None), the knobs serving now come first when tied."""
-    tied = tied_configurations(study, space)
+    of the best value are ordered by `stress_value`, the kept one (tied_configurations: the knobs
+    serving now, else the shipped defaults) first while within INCUMBENT_MARGIN of the best there
+    too: a move the stress run cannot justify either risks what serves, or trades the defaults for
+    a configuration no better on the evidence. Without a stress run (None), the kept one comes first."""
+    tied, kept = tied_configurations(study, space, serving_counts)
     if len(tied) < 2:
         return best
-    serving_tied = tied[0] == space.snap(study.trials[0].params)
     if stress_value is None:
-        ranked = tied[:1] if serving_tied else []
+        ranked = tied[:1] if kept else []
     else:
         values = [stress_value(params) for params in tied]
         order = sorted(range(len(tied)), key=lambda i: values[i], reverse=True)
-        if serving_tied and values[0] >= values[order[0]] - INCUMBENT_MARGIN:
+        if kept and values[0] >= values[order[0]] - INCUMBENT_MARGIN:
             order = [0, *[i for i in order if i != 0]]
         ranked = [tied[i] for i in order]
     return [*ranked, *[p for p in best if p not in ranked]][:max(1, len(best))]
 
 
-def tied_configurations(study: optuna.Study, space: SearchSpace) -> list[dict[str, Any]]:
+def tied_configurations(study: optuna.Study, space: SearchSpace,
+                        serving_counts: bool = True) -> tuple[list[dict[str, Any]], bool]:
     """The distinct configurations that met the SLO within INCUMBENT_MARGIN of the best value that
-    did: the knobs serving now (the study's first trial) first when among them, then up to MAX_TIED
-    others by value."""
+    did, up to MAX_TIED by value besides the kept one; and whether one is kept, first: the knobs
+    serving now (the study's first trial) when among them, else the shipped defaults when among
+    them. The knobs serving now count only where they serve under the tuned policy
+    (`serving_counts`): a start on another policy (sarathi at 32 tokens) has them simulated under
+    the tuned one, where they never served, and on the CPU's diurnal day, tied on 5 observed
+    requests, the controller held a 32-token cap on deadline steps for 6 hours."""
     feasible = [t for t in study.trials if t.value is not None and slo_excess(t.constraints) == 0]
     if not feasible:
-        return []
+        return [], False
     top = max(t.value for t in feasible)
-    near = sorted((t for t in feasible if t.value >= top - INCUMBENT_MARGIN), key=lambda t: t.value, reverse=True)
-    serving_tied = any(t.number == 0 for t in near)
-    tied: list[dict[str, Any]] = [space.snap(study.trials[0].params)] if serving_tied else []
-    for t in near:
-        params = space.snap(t.params)
-        if params not in tied and len(tied) < MAX_TIED + serving_tied:
+    near = [space.snap(t.params) for t in sorted(feasible, key=lambda t: t.value, reverse=True)
+            if t.value >= top - INCUMBENT_MARGIN]
+    serving = [space.snap(study.trials[0].params)] if serving_counts else []
+    kept = next((p for p in (*serving, shipped_defaults(space)) if p in near), None)
+    tied: list[dict[str, Any]] = [kept] if kept else []
+    for params in near:
+        if params not in tied and len(tied) < MAX_TIED + bool(kept):
             tied.append(params)
-    return tied
+    return tied, kept is not None
 
 
 Runner = Callable[[WarmStartJob], list[dict[str, Any]]]
@@ -243,9 +264,11 @@ class SimulatorWarmStart:
     def __init__(self, cost: Callable[[], CostModel], space: SearchSpace, slo: SloClass, policy: str,
                  base_knobs: Callable[[], Knobs], samples: Callable[[float], list[RequestRecord]], trials: int,
                  keep: int, seed: int = 0, runner: Runner = search,
-                 error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S) -> None:
+                 error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S,
+                 base_policy: Callable[[], str] | None = None) -> None:
         self.cost, self.space, self.slo, self.policy = cost, space, slo, policy
         self.base_knobs, self.samples = base_knobs, samples
+        self.base_policy = base_policy or (lambda: policy)       # the engine's policy now
         self.trials, self.keep, self.seed, self.runner = trials, keep, seed, runner
         self.error_budget_horizon_s = error_budget_horizon_s
 
@@ -270,7 +293,7 @@ class SimulatorWarmStart:
                             self.space, self.slo, self.policy, knobs,
                             [(r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens) for r in samples],
                             observed.arrival_rate_rps, self.trials, self.keep, self.seed,
-                            self.error_budget_horizon_s)
+                            self.error_budget_horizon_s, self.base_policy())
 
 
 def scatter_line(scatter: tuple[float, ...]) -> str:

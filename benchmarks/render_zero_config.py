@@ -76,11 +76,11 @@ def cell_text(cell: dict[str, Any]) -> str:
 
 def render(rows: list[dict[str, Any]]) -> str:
     starts = [c["start"] for c in rows[0]["cells"]]
-    head = ["hardware", "workload", "rate (req/s)", "best static goodput (attainment)", *starts]
+    head = ["hardware", "workload", "rate (req/s)", "SLO (s)", "best static goodput (attainment)", *starts]
     lines = [_row(head), _row(["---"] * len(head))]
     for r in rows:
-        lines.append(_row([r["hardware"], r["workload"], f"{r['qps']:.3g}",
-                           f"{r['best_static_goodput_rps']:.3g} ({r['best_static_slo_attainment']:.1%})",
+        slo = f"{r['slo']['ttft_s']:g} / {r['slo']['tbt_s']:g}"
+        lines.append(_row([r["hardware"], r["workload"], f"{r['qps']:.3g}", slo, best_static_text(r),
                            *(cell_text(c) for c in r["cells"])]))
     lines += ["", "What each start loses when left alone (best static goodput / the start's own):", ""]
     wrong = starts[1:]
@@ -90,6 +90,13 @@ def render(rows: list[dict[str, Any]]) -> str:
         lines.append(_row([r["hardware"], r["workload"], *(_loss(losses[s]) for s in wrong)]))
     lines += ["", summary(rows)]
     return "\n".join(lines)
+
+
+def best_static_text(row: dict[str, Any]) -> str:
+    """Its goodput and SLO attainment; and, where the row records it (stop 61 on), the share of the
+    requests that miss the SLO even served alone on the idle machine."""
+    alone = f"; {row['missed_alone']:.0%} missed alone" if "missed_alone" in row else ""
+    return f"{row['best_static_goodput_rps']:.3g} ({row['best_static_slo_attainment']:.1%}{alone})"
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -174,6 +181,11 @@ def render_doc(sources: list[Path]) -> str:
     matrix, floor, live = sources
     live_run = renamed(results_file.read(live))
     return render(load(matrix)) + "\n\n" + render_floor(load(floor)) + "\n\n" + render_live(live_run)
+
+
+def render_matrix(sources: list[Path]) -> str:
+    """The matrix of one results file alone (docs/tuning.md: the CPU's long-prompt rows as they were)."""
+    return render(load(sources[0]))
 
 
 def render_summary(sources: list[Path]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import optuna
 
@@ -40,6 +41,16 @@ def study_with(results: list[tuple[int, float, float]]) -> optuna.Study:
     return study
 
 
+def ranked_budgets(results: list[tuple[int, float, float]], stress: dict[int, float] | None,
+                   serving_counts: bool = True) -> list[int]:
+    """The token budgets ties_ranked_under_stress hands over first, `stress` a made-up table of
+    values at the stress rate (None: no stress run)."""
+    study, space = study_with(results), load_search_space()
+    value = None if stress is None else (lambda params: stress[params["token_budget"]])
+    ranked = ties_ranked_under_stress(study, space, best_configurations(study, space, keep=2), value, serving_counts)
+    return [c["token_budget"] for c in ranked]
+
+
 def test_feasible_configurations_come_first_best_value_first():
     study = study_with([(64, 0.5, 0.0), (512, 0.9, 0.3), (128, 0.8, -0.1), (256, 0.7, 0.0)])
     chosen = best_configurations(study, load_search_space(), keep=2)
@@ -74,6 +85,55 @@ def test_ties_are_ranked_under_stress_the_knobs_serving_first_unless_it_separate
     # too few observed requests for a stress run: the knobs serving stay first while tied
     assert first([(32, close, 0.0), (2048, 1.0, 0.0), (160, 0.9, 0.0)], None) == [32, 2048]
     assert first([(2048, 0.9, 0.0), (160, 1.0, 0.0), (256, close, 0.0)], None) == [160, 256]
+
+
+def test_ties_fall_back_to_the_shipped_defaults_where_the_knobs_serving_are_not_kept():
+    """Among the configurations tied at the top, the shipped defaults (a 2048-token cap, every other
+    knob at its default) come first when the knobs serving now are not tied, or serve under another
+    policy than the tuned one (a sarathi start: its knobs never served deadline steps), rather than
+    the one a few observed requests happened to score highest; a stress run that clearly separates
+    them still ranks them."""
+    close = 1.0 - INCUMBENT_MARGIN / 2
+    start_32, defaults, other = (32, 0.5, 0.0), (2048, close, 0.0), (96, 1.0, 0.0)
+    assert ranked_budgets([start_32, other, defaults], None) == [2048, 96]
+    tied_under_stress = {2048: 0.9, 96: 0.9 + INCUMBENT_MARGIN / 2, 32: 0.5}
+    assert ranked_budgets([start_32, other, defaults], tied_under_stress) == [2048, 96]
+    assert ranked_budgets([start_32, other, defaults], {2048: 0.8, 96: 0.9, 32: 0.5}) == [96, 2048]
+    assert ranked_budgets([start_32, other, (2048, 0.9, 0.0)], None) == [96, 2048]       # the defaults not tied
+    tied_start = (32, 1.0, 0.0)
+    assert ranked_budgets([tied_start, other, defaults], None) == [32, 96]               # serving under deadline
+    assert ranked_budgets([tied_start, other, defaults], None, serving_counts=False) == [2048, 32]
+
+
+def test_the_engines_policy_reaches_the_search():
+    """A start on another policy than the tuned one: the job says so, so its knobs are not kept."""
+    finished = [SimpleNamespace(num_prompt_tokens=100, num_output_tokens=20, num_cached_tokens=0)] * 5
+    warm = SimulatorWarmStart(lambda: CostModel((0.03, 1e-3, 0.0, 0.0, 0.0, 0.0, 0.0)), load_search_space(),
+                              SloClass(), "deadline", Knobs, lambda seconds: finished, trials=1, keep=1,
+                              base_policy=lambda: "sarathi")
+    assert warm.job(SimpleNamespace(seconds=60.0, arrival_rate_rps=1.0)).serving_policy == "sarathi"
+
+
+def test_on_too_few_observed_requests_the_search_runs_only_the_candidates_given_a_priori(monkeypatch):
+    """Fewer than MIN_STRESS_SAMPLES observed requests: the knobs serving, the shipped defaults and
+    the coarse grid are simulated, no TPE sample fitted to those few requests; enough: the trials asked."""
+    simulated = []
+    score_of = warm_start.simulated_score
+    monkeypatch.setattr(warm_start, "simulated_score",
+                        lambda job, specs, params: simulated.append(params) or score_of(job, specs, params))
+    cost = CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
+    knobs = {k: v for k, v in Knobs(token_budget=32).as_dict().items() if k != "version"}
+    lengths = [(100 + 7 * i, 20 + i, 0) for i in range(warm_start.MIN_STRESS_SAMPLES)]
+    job = WarmStartJob(cost, load_search_space(), SloClass(ttft_s=2.0, tbt_s=0.25), "deadline", knobs,
+                       lengths[:5], 0.5, trials=30, keep=3)
+    search(job)
+    space = job.space
+    a_priori = [space.clamp(knobs), warm_start.shipped_defaults(space),
+                *(space.clamp(knobs | point) for point in seed_points("deadline", 30))]
+    assert [space.snap(p) for p in simulated] == a_priori
+    simulated.clear()
+    search(replace(job, lengths=lengths))
+    assert len(simulated) >= 30          # the trials asked, and the stress run's
 
 
 def test_cold_start_budget_is_the_largest_chunk_within_the_tbt_slo():
@@ -196,7 +256,7 @@ def test_the_search_ranks_ties_under_stress_only_on_enough_observed_requests(mon
     simulates a configuration at the stress rate."""
     seen = []
     monkeypatch.setattr(warm_start, "ties_ranked_under_stress",
-                        lambda study, space, best, value: seen.append(value) or best)
+                        lambda study, space, best, value, serving_counts: seen.append(value) or best)
     cost = CostModel((0.03, 1.2e-3, 0.0, 3e-4, 4.6e-6, 1e-8, 5e-4), kv_blocks=728, block_size=16)
     knobs = {k: v for k, v in Knobs().as_dict().items() if k != "version"}
     lengths = [(100 + 7 * i, 20 + i, 0) for i in range(warm_start.MIN_STRESS_SAMPLES)]

@@ -125,6 +125,12 @@ class Scheduler:
             return self._pending[1] or self.knobs
 
     @property
+    def latest_policy(self) -> str:
+        """The policy the next step will use: a pending change, else the current one."""
+        with self._lock:
+            return (self._pending[0] or self.policy).name
+
+    @property
     def has_pending_change(self) -> bool:
         return self._pending != (None, None)
 
