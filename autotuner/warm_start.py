@@ -63,9 +63,9 @@ MAX_TIED = 4        # tied candidates re-run at the stress rate, besides the kno
 # start that served as well as the best static configuration to one 0.96x of it. The knobs serving
 # then stay first while tied. On so few requests the search also runs no TPE trials, only the
 # candidates given a priori (the knobs serving, the shipped defaults, the coarse grid): TPE fits
-# them. On the CPU's summarization from a 32-token start, 5 requests at 60 s, it handed over a
-# 1,440-token cap with 13 prompts prefilling at once, which the controller held (at such rates it
-# keeps the warm start's first pick), 0.98x the best static configuration from 2,850 s.
+# them. On the CPU's summarization from a 32-token start, 5 requests at 60 s, it handed over a TPE
+# sample, which the controller held (at such rates it keeps the warm start's first pick): the cell
+# converged at 2,850 s (docs/results/zero_config_stop61_old_warm_start.jsonl).
 MIN_STRESS_SAMPLES = 20
 
 
@@ -236,8 +236,8 @@ def tied_configurations(study: optuna.Study, space: SearchSpace,
     serving now (the study's first trial) when among them, else the shipped defaults when among
     them. The knobs serving now count only where they serve under the tuned policy
     (`serving_counts`): a start on another policy (sarathi at 32 tokens) has them simulated under
-    the tuned one, where they never served, and on the CPU's diurnal day, tied on 5 observed
-    requests, the controller held a 32-token cap on deadline steps for 6 hours."""
+    the tuned one, where they never served: on the CPU's diurnal day, tied on 5 observed requests,
+    a 32-token cap on deadline steps was kept, and the cell converged at 22,860 s."""
     feasible = [t for t in study.trials if t.value is not None and slo_excess(t.constraints) == 0]
     if not feasible:
         return [], False

@@ -72,15 +72,16 @@ WRONG_STARTS = {"sarathi-32": ("sarathi", {"token_budget": 32}),
 # a summarization prompt (1,000-4,000 tokens; sharegpt4's in diurnal, up to 7,168; shift's middle phase) takes
 # seconds to prefill alone on the 2-core CPU, so those cells on the CPU run at the TTFT target of the shipped
 # `batch` class (configs/slo_classes.yaml: "summarization, offline jobs"; 30 s). Until stop 61 they ran at 10 s,
-# under which no configuration served more than ~81% of the requests at 0.6 of capacity, nor ~91% at 0.4: the
-# longest summarization prompt takes 7.9 s alone on an idle machine, 13% of diurnal's prompts over 10 s
-# (docs/tuning.md). The TBT target stays the interactive one: their requests stream.
+# under which the best static configuration kept ~81% of summarization's and diurnal's requests within the SLO
+# at 0.6 of capacity and 15% of diurnal's missed it served alone (docs/results/zero_config_cpu_ttft10.jsonl).
+# The TBT target stays the interactive one: their requests stream.
 LONG_PROMPT_WORKLOADS = ("summarization", "diurnal", "shift")
 
 
 def cpu_slo(workload: str, args: argparse.Namespace) -> SloClass:
     long_ttft_s = args.long_prompt_ttft_s or shipped_slo_classes().get("batch").ttft_s
-    return SloClass(ttft_s=long_ttft_s if workload in LONG_PROMPT_WORKLOADS else args.slo_ttft_s, tbt_s=args.slo_tbt_s)
+    ttft_s = long_ttft_s if workload in LONG_PROMPT_WORKLOADS else args.slo_ttft_s
+    return SloClass(ttft_s=ttft_s, tbt_s=args.slo_tbt_s)
 
 
 def missed_alone(specs: list[RequestSpec], cost: StepTimeModel, slo: SloClass) -> float:

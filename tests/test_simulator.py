@@ -87,7 +87,9 @@ def test_knob_change_mid_run_keeps_every_request():
     sim.run_until(10.0)
     sim.scheduler.set_policy("adaptive")
     sim.scheduler.set_knobs(sim.scheduler.knobs.replace(token_budget=1024, prefill_priority=1.0))
+    assert sim.scheduler.policy.name == "sarathi" and sim.scheduler.latest_policy == "adaptive"   # at the next step
     sim.run()
+    assert sim.scheduler.policy.name == sim.scheduler.latest_policy == "adaptive"
     assert len(records) == len(specs) and all(r.finish_reason == "length" for r in records)
     assert sim.blocks.num_free_blocks == 300
 
