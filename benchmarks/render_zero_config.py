@@ -188,6 +188,11 @@ def render_matrix(sources: list[Path]) -> str:
     return render(load(sources[0]))
 
 
+def render_live_doc(sources: list[Path]) -> str:
+    """One live run's table alone (docs/tuning.md: the wrong starts on another machine)."""
+    return render_live(renamed(results_file.read(sources[0])))
+
+
 def render_summary(sources: list[Path]) -> str:
     """README's line: how many cells meet the bars (benchmarks/render_docs.py)."""
     return summary(load(sources[0]))

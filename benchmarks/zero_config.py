@@ -147,7 +147,7 @@ def window_ends(arrivals: np.ndarray, bin_s: float) -> list[int]:
     """Per bin i, the end (exclusive) of the goodput window starting there: at least RATE_WINDOW_S
     long and holding at least WINDOW_REQUESTS arrivals, counted (a phase or an hour at a fifth of
     the rate needs a window five times as long; sized by the run's mean rate, shift's summarization
-    phase was judged on windows of ~16 requests, where one request is 6%); only windows that end
+    phase was judged on windows of ~20 requests, where one request is 5%); only windows that end
     within the run."""
     width, total, ends = max(1, int(RATE_WINDOW_S // bin_s)), np.cumsum(np.concatenate([[0], arrivals])), []
     for i in range(len(arrivals)):
