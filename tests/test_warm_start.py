@@ -67,24 +67,21 @@ def test_ties_are_ranked_under_stress_the_knobs_serving_first_unless_it_separate
     """Budgets scored within INCUMBENT_MARGIN of the best that met the SLO are re-ranked by their
     value at the stress rate (here a made-up table); the knobs serving now (the first trial) stay
     first unless the stress run puts another clearly above them, and without a stress run."""
-    space = load_search_space()
-
-    def first(results, stress):
-        study = study_with(results)
-        value = None if stress is None else (lambda params: stress[params["token_budget"]])
-        ranked = ties_ranked_under_stress(study, space, best_configurations(study, space, keep=2), value)
-        return [c["token_budget"] for c in ranked]
-
     close = 1.0 - INCUMBENT_MARGIN / 2
     stress = {2048: 0.9, 160: 0.9 + INCUMBENT_MARGIN / 2, 256: 0.95, 32: 0.6}
-    assert first([(2048, close, 0.0), (160, 1.0, 0.0), (256, 0.9, 0.0)], stress) == [2048, 160]   # tied there too
-    assert first([(32, close, 0.0), (2048, 1.0, 0.0), (160, 0.9, 0.0)], stress) == [2048, 32]     # stress separates
-    assert first([(2048, 0.9, 0.0), (160, 1.0, 0.0), (256, close, 0.0)], stress) == [256, 160]    # not tied: by stress
-    assert first([(2048, 1.0, 0.2), (160, 0.99, 0.0), (256, 0.9, 0.0)], stress) == [160, 256]     # missed the SLO
-    assert first([(2048, 1.0, 0.0), (160, 0.9, 0.0)], stress) == [2048, 160]                      # nothing tied
+    # tied there too
+    assert ranked_budgets([(2048, close, 0.0), (160, 1.0, 0.0), (256, 0.9, 0.0)], stress) == [2048, 160]
+    # stress separates
+    assert ranked_budgets([(32, close, 0.0), (2048, 1.0, 0.0), (160, 0.9, 0.0)], stress) == [2048, 32]
+    # not tied: by stress
+    assert ranked_budgets([(2048, 0.9, 0.0), (160, 1.0, 0.0), (256, close, 0.0)], stress) == [256, 160]
+    # missed the SLO
+    assert ranked_budgets([(2048, 1.0, 0.2), (160, 0.99, 0.0), (256, 0.9, 0.0)], stress) == [160, 256]
+    # nothing tied
+    assert ranked_budgets([(2048, 1.0, 0.0), (160, 0.9, 0.0)], stress) == [2048, 160]
     # too few observed requests for a stress run: the knobs serving stay first while tied
-    assert first([(32, close, 0.0), (2048, 1.0, 0.0), (160, 0.9, 0.0)], None) == [32, 2048]
-    assert first([(2048, 0.9, 0.0), (160, 1.0, 0.0), (256, close, 0.0)], None) == [160, 256]
+    assert ranked_budgets([(32, close, 0.0), (2048, 1.0, 0.0), (160, 0.9, 0.0)], None) == [32, 2048]
+    assert ranked_budgets([(2048, 0.9, 0.0), (160, 1.0, 0.0), (256, close, 0.0)], None) == [160, 256]
 
 
 def test_ties_fall_back_to_the_shipped_defaults_where_the_knobs_serving_are_not_kept():

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))   # the scripts import by name
@@ -42,6 +43,22 @@ def cell(**violating: float) -> dict:
     return {"start": "prefill-first-8192", "tuned_over_best_static": 0.9, "convergence_s": 60.0,
             "after_convergence_over_best_static": 1.0, "violating_bins_after_convergence": 0.05,
             "best_static_violating_bins_after_convergence": 0.0, **violating}
+
+
+def test_goodput_windows_hold_100_arrivals_counted_where_the_rate_drops():
+    """30-s bins: a busy phase (40 arrivals a bin), one at a fifth of it (8), busy again. A window is
+    >= 120 s and holds >= 100 arrivals: 4 bins in the busy phase, 12-13 across the slow one (sized
+    by the mean rate it held ~20 there, where one request lost is 5%); none past the run's end."""
+    arrivals = np.array([40] * 6 + [8] * 12 + [40] * 6)
+    ends = zero_config.window_ends(arrivals, 30.0)
+    assert ends[0] == 4 and ends[5] == 5 + 1 + 8           # 40 + 8 x 8 + ... reaches 100 in bin 13
+    assert all(arrivals[i:end].sum() >= 100 and end - i >= 4 for i, end in enumerate(ends))
+    assert len(ends) == len(arrivals) - 3                  # the last three windows would run past the end
+    # one request lost in every slow bin: a window from bin 11 loses 7 of 136 (> 5%), from bin 12 on at
+    # most 6 of 128 (4.7%); 4-bin windows (120 s) would have lost 4 of 32 until bin 18
+    good, best = arrivals.astype(float) - np.isin(np.arange(24), range(6, 18)), arrivals.astype(float)
+    assert zero_config.convergence_bin(good, best, ends) == 12
+    assert zero_config.convergence_bin(best, best, ends) == 0
 
 
 def test_the_matrix_judges_by_new_arrivals_where_a_cell_records_them_and_shows_both():
