@@ -144,11 +144,22 @@ def search(job: WarmStartJob) -> list[dict[str, Any]]:
             trial.set_constraint(name, value)
         return result.value
 
-    study.optimize(objective, n_trials=job.trials if len(job.lengths) >= MIN_STRESS_SAMPLES else
-                   min(job.trials, len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))))
+    study.optimize(objective, n_trials=trials_to_run(job, study))
     serving_counts = job.serving_policy in (None, job.policy)
     return ties_ranked_under_stress(study, job.space, best_configurations(study, job.space, job.keep),
                                     stress_value(job), serving_counts)
+
+
+def thin_evidence(job: WarmStartJob) -> bool:
+    """Fewer observed requests than MIN_STRESS_SAMPLES: too few to rank configurations on."""
+    return len(job.lengths) < MIN_STRESS_SAMPLES
+
+
+def trials_to_run(job: WarmStartJob, study: optuna.Study) -> int:
+    """The trials asked; on thin evidence only the candidates enqueued a priori, no TPE sample."""
+    if not thin_evidence(job):
+        return job.trials
+    return min(job.trials, len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
 
 
 def shipped_defaults(space: SearchSpace) -> dict[str, Any]:
@@ -160,7 +171,7 @@ def shipped_defaults(space: SearchSpace) -> dict[str, Any]:
 def stress_value(job: WarmStartJob) -> Callable[[dict[str, Any]], float] | None:
     """A configuration's simulated value at STRESS_MARGIN times the observed rate; None with fewer
     than MIN_STRESS_SAMPLES observed requests to resample from."""
-    if len(job.lengths) < MIN_STRESS_SAMPLES:
+    if thin_evidence(job):
         return None
     stress = observed_workload(job.lengths, STRESS_MARGIN * job.rate_rps, job.seed + 1)
     return lambda params: simulated_score(job, stress, params).value
