@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 from engine.llm_engine import LLMEngine
 from simulation.simulator import Simulator
@@ -12,9 +13,18 @@ from policies import Knobs
 from telemetry.window import Arrival, TelemetryWindow, WindowSummary
 
 
+@dataclass(frozen=True)
+class ConfigurationChange:
+    """A configuration the controller applied that differs from the one the engine held."""
+    at_s: float
+    policy: str
+    knobs: Knobs
+
+
 class SimulatedTarget:
     def __init__(self, sim: Simulator, telemetry: TelemetryWindow) -> None:
         self.sim, self.telemetry = sim, telemetry
+        self.changes: list[ConfigurationChange] = []     # simulated time: when a tuned run left its start
         sim.step_listeners.append(telemetry.on_step)
         sim.finish_listeners.append(telemetry.on_finish)
         sim.arrival_listeners.append(lambda r: telemetry.on_arrival(
@@ -36,6 +46,8 @@ class SimulatedTarget:
         return self.sim.scheduler.latest_policy
 
     def apply(self, policy: str, knobs: Knobs) -> None:
+        if (policy, knobs) != (self.policy(), self.knobs()):
+            self.changes.append(ConfigurationChange(self.sim.now, policy, knobs))
         self.sim.scheduler.set_policy(policy)
         self.sim.scheduler.set_knobs(knobs)
 

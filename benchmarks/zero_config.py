@@ -9,7 +9,8 @@ workload, at a share (--load) of the modelled machine's sustained capacity:
 - convergence_s: the first 30-s boundary T from which, in every window (one starting at each 30-s
   boundary, at least 120 s long and holding at least 100 arrivals) to the end, tuned serves >= 0.95x
   the best static's good requests, requests counted by arrival so both runs are judged on the same
-  requests;
+  requests; and, for a start that held serves < 0.95x of the best static, not before the tuned run
+  first left it (a window of a quiet hour can absorb the bins it still served);
 - after convergence: tuned / best static goodput over [T, end], and the share of 30-s bins (by
   finish time) whose P50 TTFT or P99 TBT missed the SLO, tuned's and the best static's own; once
   over every request finishing from T, and once over the requests that arrived from T (`_new_arrivals`):
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -46,6 +48,7 @@ from autotuner.search_space import load_search_space
 from autotuner.simulated_tuning import (BIN_S, best_of, evaluate_static, static_grid, tune_on_simulator,
                                         violating_bin_fraction)
 from autotuner.static_grid import grid_points
+from autotuner.targets import ConfigurationChange
 import results_file
 from engine.outputs import RequestRecord
 from loadgen.workload import RequestSpec, generate, load_workload
@@ -158,11 +161,21 @@ def window_ends(arrivals: np.ndarray, bin_s: float) -> list[int]:
     return ends
 
 
-def convergence_bin(tuned: np.ndarray, static: np.ndarray, ends: list[int]) -> int | None:
-    """The first bin from which every window (window_ends: one starting at each bin, within the
-    run) has tuned serving >= CONVERGED x the static run's good requests; None if there is none."""
+def convergence_bin(tuned: np.ndarray, static: np.ndarray, ends: list[int], earliest: int = 0) -> int | None:
+    """The first bin, not before `earliest`, from which every window (window_ends: one starting at
+    each bin, within the run) has tuned serving >= CONVERGED x the static run's good requests; None
+    if there is none."""
     ok = [tuned[i:end].sum() >= CONVERGED * static[i:end].sum() for i, end in enumerate(ends)]
-    return next((first for first in range(len(ok)) if all(ok[first:])), None)
+    return next((first for first in range(earliest, len(ok)) if all(ok[first:])), None)
+
+
+def earliest_convergence_bin(changes: list[ConfigurationChange], start_loses: bool, bin_s: float) -> int | None:
+    """A tuned run has not converged while it still holds a start that, held, serves < CONVERGED x
+    the best static: not before the first bin boundary at or after its first change (None: it never
+    changed); any bin for a start that is good enough as it is."""
+    if not start_loses:
+        return 0
+    return math.ceil(changes[0].at_s / bin_s) if changes else None
 
 
 def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SloClass, start: Start,
@@ -178,13 +191,16 @@ def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SloClass, start
     tuned = summarize_requests(records, slo, end - specs[0].arrival_s)
     alone = evaluate_static(specs, cost, start.policy, start.knobs, slo)
     good = good_by_arrival(specs, records, slo, BIN_S)
-    first = convergence_bin(good, static_good, ends)
+    earliest = earliest_convergence_bin(controller.target.changes, alone.goodput_rps < CONVERGED * static_goodput,
+                                        BIN_S)
+    first = None if earliest is None else convergence_bin(good, static_good, ends, earliest)
     cell = {"start": start.name, "tuned_goodput_rps": tuned.goodput_rps, "tuned_over_best_static":
             tuned.goodput_rps / static_goodput if static_goodput else None,
             "left_alone_goodput_rps": alone.goodput_rps,
             "wrong_start_loss": static_goodput / alone.goodput_rps if alone.goodput_rps else float("inf"),
             "convergence_s": None, "after_convergence_over_best_static": None,
             "violating_bins_after_convergence": None, "tuning_windows": controller.windows,
+            "first_change_s": controller.target.changes[0].at_s if controller.target.changes else None,
             "warm_start_failures": controller.failures.count("warm_start"),
             "wall_s": round(wall, 1)}
     if first is not None:

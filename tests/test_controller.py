@@ -121,6 +121,17 @@ def test_bad_trial_is_rolled_back_within_one_window(cost, tmp_path):
     assert target.knobs().token_budget == incumbent["token_budget"]
 
 
+def test_the_simulated_target_records_when_a_run_left_its_configuration(cost, tmp_path):
+    """benchmarks/zero_config.py dates a tuned run's first move away from its start by these."""
+    sim, target, _ = sim_controller(cost, tmp_path, Knobs(token_budget=128))
+    target.apply("adaptive", Knobs(token_budget=128))                     # what it holds: no change
+    sim.run_until(12.5)
+    target.apply("adaptive", Knobs(token_budget=512))
+    target.apply("deadline", Knobs(token_budget=512))
+    assert [(c.at_s, c.policy, c.knobs.token_budget) for c in target.changes] == \
+        [(12.5, "adaptive", 512), (12.5, "deadline", 512)]
+
+
 class FailingTarget(SimulatedTarget):
     """A telemetry source that, once armed, breaks on its first read after knobs were applied: the
     first read of the window measuring the trial that applied them."""

@@ -17,8 +17,10 @@ import wrong_start_live  # noqa: E402
 import zero_config  # noqa: E402
 
 from autotuner.simulated_tuning import violating_bin_fraction  # noqa: E402
+from autotuner.targets import ConfigurationChange  # noqa: E402
 from engine.outputs import RequestRecord  # noqa: E402
 from engine.slo_class import SloClass  # noqa: E402
+from policies import Knobs  # noqa: E402
 
 SLO = SloClass(ttft_s=2.0, tbt_s=0.1)
 
@@ -59,6 +61,23 @@ def test_goodput_windows_hold_100_arrivals_counted_where_the_rate_drops():
     good, best = arrivals.astype(float) - np.isin(np.arange(24), range(6, 18)), arrivals.astype(float)
     assert zero_config.convergence_bin(good, best, ends) == 12
     assert zero_config.convergence_bin(best, best, ends) == 0
+
+
+def test_a_run_has_not_converged_while_it_holds_a_start_that_loses():
+    """The A100's diurnal from sarathi-32 (stop 61): the tuned run left the start at 60.1 s, and a
+    dawn window of 100 arrivals absorbed the 4 of 9 requests it lost in the 30-60 s bin, so the goodput
+    windows alone called it converged at 30 s. A start that held serves >= 0.95x may converge at 0."""
+    moved = [ConfigurationChange(60.1, "deadline", Knobs())]
+    assert zero_config.earliest_convergence_bin(moved, start_loses=True, bin_s=30.0) == 3
+    assert zero_config.earliest_convergence_bin([ConfigurationChange(0.0, "deadline", Knobs())], True, 30.0) == 0
+    assert zero_config.earliest_convergence_bin(moved, start_loses=False, bin_s=30.0) == 0
+    assert zero_config.earliest_convergence_bin([], start_loses=True, bin_s=30.0) is None
+    arrivals = np.array([11, 9] + [12] * 20)
+    best = arrivals.astype(float)
+    tuned = best - np.isin(np.arange(22), [0, 1]) * np.array([2, 4] + [0] * 20)
+    ends = zero_config.window_ends(arrivals, 30.0)
+    assert zero_config.convergence_bin(tuned, best, ends) == 1                 # the window absorbs bin 1
+    assert zero_config.convergence_bin(tuned, best, ends, earliest=3) == 3
 
 
 def test_the_matrix_judges_by_new_arrivals_where_a_cell_records_them_and_shows_both():
