@@ -191,8 +191,8 @@ def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SloClass, start
     tuned = summarize_requests(records, slo, end - specs[0].arrival_s)
     alone = evaluate_static(specs, cost, start.policy, start.knobs, slo)
     good = good_by_arrival(specs, records, slo, BIN_S)
-    earliest = earliest_convergence_bin(controller.target.changes, alone.goodput_rps < CONVERGED * static_goodput,
-                                        BIN_S)
+    changes = controller.target.changes
+    earliest = earliest_convergence_bin(changes, alone.goodput_rps < CONVERGED * static_goodput, BIN_S)
     first = None if earliest is None else convergence_bin(good, static_good, ends, earliest)
     cell = {"start": start.name, "tuned_goodput_rps": tuned.goodput_rps, "tuned_over_best_static":
             tuned.goodput_rps / static_goodput if static_goodput else None,
@@ -200,7 +200,7 @@ def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SloClass, start
             "wrong_start_loss": static_goodput / alone.goodput_rps if alone.goodput_rps else float("inf"),
             "convergence_s": None, "after_convergence_over_best_static": None,
             "violating_bins_after_convergence": None, "tuning_windows": controller.windows,
-            "first_change_s": controller.target.changes[0].at_s if controller.target.changes else None,
+            "first_change_s": changes[0].at_s if changes else None,
             "warm_start_failures": controller.failures.count("warm_start"),
             "wall_s": round(wall, 1)}
     if first is not None:
