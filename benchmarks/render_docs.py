@@ -44,7 +44,8 @@ class Block:
 
 
 def docs() -> list[Path]:
-    return sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+    """README.md and every page under docs/ (the results index included)."""
+    return sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 
 
 def find_blocks(path: Path) -> list[Block]:
