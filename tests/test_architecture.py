@@ -1,4 +1,4 @@
-"""docs/architecture.md's import direction holds in the code: every package imports only packages
+"""docs/design/architecture.md's import direction holds in the code: every package imports only packages
 listed before it there, so the packages form no cycle; inside engine/, every room imports only the
 rooms listed before it and the engine's shared leaves."""
 
@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def documented_order() -> list[str]:
-    """The packages in the order docs/architecture.md's table lists them."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    """The packages in the order docs/design/architecture.md's table lists them."""
+    text = (ROOT / "docs" / "design" / "architecture.md").read_text()
     return re.findall(r"^\| \d+ \| `(\w+)/` \|", text, re.M)
 
 
@@ -50,8 +50,8 @@ def test_the_check_sees_an_upward_import():
 
 
 def engine_layout() -> tuple[list[str], set[str], set[str]]:
-    """(rooms in order, shared leaf modules, front modules) as docs/architecture.md lists them."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    """(rooms in order, shared leaf modules, front modules) as docs/design/architecture.md lists them."""
+    text = (ROOT / "docs" / "design" / "architecture.md").read_text()
     rooms = re.findall(r"^\| \d+ \| `engine/(\w+)/` \|", text, re.M)
     leaves = text[text.index("Shared leaves"):text.index("And the front")]
     front = text[text.index("And the front"):]
