@@ -325,7 +325,7 @@ def plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-# the targets for the planner's goodput per replica-hour (docs/cluster.md, "Sizing the fleet")
+# the planner's design targets for goodput per replica-hour (docs/cluster.md, "The SLO planner")
 TARGET_VS_STATIC, TARGET_VS_RAY = 1.5, 1.2
 
 
@@ -425,7 +425,7 @@ def _tuning_text(name: str, r: dict, run: dict) -> str:
     day = "the measured day" if trials and trials[0]["requests"] == r["requests"] else \
         f"another day ({trials[0]['requests']:,} requests)" if trials else "no day"
     best_kept = max((t["attainment"] for t in trials), default=float("nan"))
-    drain = f", backlog drain {c['backlog_drain_s']:.0f} s" if "backlog_drain_s" in c else ""   # since stop 53
+    drain = f", backlog drain {c['backlog_drain_s']:.0f} s" if "backlog_drain_s" in c else ""   # files written before the backlog term have none
     return (f"- {name}: {len(trials)} Optuna trials on {day}: the defaults (first trial) kept "
             f"{trials[0]['attainment']:.1%}, the most any trial kept {best_kept:.1%}; chosen: {c['forecaster']}, "
             f"interval {c['interval_s']:.0f} s, headroom {c['headroom']:.2f}, scale-down delay "

@@ -6,26 +6,35 @@ Per GPU dtype and backend, each request's logits rows are compared with the refe
 its sampled tokens agree (tests/step_trace.py); where a token first differs, both top-2 margins are printed: a
 margin below the 16-bit rounding is a near tie flipped, not a wrong kernel.
 
-This is how the "Triton chunk bug" of docs/gpu.md was found to be none: the first all-decode step's logits
-compared 0.60 off because one request had parted at a near tie (reference margin 0.008) in a mixed step;
-every row before that was 0.02 off, as torch's.
+Comparing only the first all-decode step's logits would count a request that parted at a near tie in an
+earlier mixed step as a large error; comparing rows while the histories agree does not.
 
     python benchmarks/gpu_attention_check.py [--steps] [--device cpu (smoke run, TRITON_INTERPRET=1)]
+    python benchmarks/gpu_attention_check.py > docs/results/gpu_h100_attention_check.log
+
+render_doc turns such a log into docs/gpu.md's table (benchmarks/render_docs.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from engine import EngineConfig, LLMEngine  # noqa: E402
-from policies import Knobs  # noqa: E402
-from tests.conftest import save_hf_model  # noqa: E402
-from tests.step_trace import RowError, TracedStep, errors_while_histories_agree, top2_margin, trace_steps  # noqa: E402
-from tests.test_cuda_engine import PROMPTS, free_gpu  # noqa: E402
+
+if __name__ == "__main__":   # the engine and the tests' helpers; render_doc needs neither
+    from engine import EngineConfig, LLMEngine
+    from policies import Knobs
+    from tests.conftest import save_hf_model
+    from tests.step_trace import RowError, TracedStep, errors_while_histories_agree, top2_margin, trace_steps
+    from tests.test_cuda_engine import PROMPTS, free_gpu
+
+SUMMARY = re.compile(r"^budget (\d+) (\w+) (\w+): worst row error ([\d.]+) over (\d+) rows \((\d+) in steps with "
+                     r"prefill tokens\), (\d+) of (\d+) requests parted$")
+PARTING = re.compile(r"^  prompt \d+ parts at step \d+: ref token \d+ \(top-2 margin ([\d.]+)\)")
 
 
 def traced(model: str, device: str, dtype: str, backend: str, budget: int) -> list[TracedStep]:
@@ -70,6 +79,28 @@ def main() -> None:
             for backend in ("torch", "triton"):
                 got = traced(model, args.device, dtype, backend, budget)
                 report(f"budget {budget} {dtype} {backend}", got, ref, args.steps)
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/gpu.md's table (benchmarks/render_docs.py): one row per budget, dtype and backend of a log of
+    this script, with the reference's top-2 margin where a request parted."""
+    lines = ["| token budget | dtype | backend | rows compared (with prefill) | worst row error | requests parted | "
+             "reference's top-2 margin where they parted |", "|---:|---|---|---:|---:|---:|---|"]
+    row, margins = None, []
+
+    def flush() -> None:
+        if row:
+            lines.append(row + (", ".join(margins) if margins else "") + " |")
+
+    for text in Path(sources[0]).read_text().splitlines():
+        if m := SUMMARY.match(text):
+            flush()
+            budget, dtype, backend, worst, rows, mixed, parted, total = m.groups()
+            row, margins = f"| {budget} | {dtype} | {backend} | {rows} ({mixed}) | {worst} | {parted} of {total} | ", []
+        elif (m := PARTING.match(text)) and row:
+            margins.append(m[1])
+    flush()
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Automatic prefix caching, on against off, side by side in one run (issue #18).
+"""Automatic prefix caching, on against off, side by side in one run (docs/prefix_caching.md).
 
 1. Live: the bundled SmolLM2 (fp32, CPU) in this process, two engines (prefix caching on and off),
    each workload's seeded requests replayed open-loop in real time (a request is added once its
@@ -23,7 +23,7 @@
 Steps are priced, as in the daemon, by the cost model that describes this engine (its weights path
 included: the GGUF's quantized weights by default) and run with that calibration's crossover.
 
-    .venv/bin/python benchmarks/prefix_caching.py --json docs/prefix_caching.json
+    .venv/bin/python benchmarks/prefix_caching.py --sections capacity bookkeeping --json docs/results/prefix_caching.json
     .venv/bin/python benchmarks/prefix_caching.py --sections bookkeeping
     .venv/bin/python benchmarks/prefix_caching.py --sections bracket --workloads chat-system-prompt --bracket-qps 0.24
 """

@@ -1,5 +1,5 @@
 """Published step times that are not checks of a hardware profile, next to its predictions: what a
-profile does not claim to reproduce, and by how much it differs (docs/hardware_profiles.md).
+profile does not claim to reproduce, and by how much it differs (docs/design/hardware_profiles.md).
 
 - Splitwise's H100 Llama-2-70B rows (github.com/Mutinifni/splitwise-sim data/perf_model.csv, labelled
   TP2): absolute decode and prompt times, against h100-llama3.1-70b-tp4's calibration at TP2. The
@@ -10,7 +10,7 @@ profile does not claim to reproduce, and by how much it differs (docs/hardware_p
     python benchmarks/profile_comparisons.py                                        # print them
     python benchmarks/profile_comparisons.py --json docs/results/profile_comparisons.json   # and store them
 
-benchmarks/render_docs.py renders the stored file (render_doc) into docs/hardware_profiles.md.
+benchmarks/render_docs.py renders the stored file (render_doc) into docs/design/hardware_profiles.md.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main() -> None:
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/hardware_profiles.md's table (benchmarks/render_docs.py): the stored rows, one per step."""
+    """docs/design/hardware_profiles.md's table (benchmarks/render_docs.py): the stored rows, one per step."""
     rows = results_file.read(sources[0])["comparisons"]
     lines = ["| source | step | profile | published (ms) | ours (ms) | published / ours |", "|---|---|---|---|---|---|"]
     for r in rows:

@@ -1,11 +1,11 @@
-"""The simulator's speed on the GPU profiles (docs/hardware_profiles.md, "Simulation speed"): each run's
+"""The simulator's speed on the GPU profiles (docs/design/hardware_profiles.md, "Simulation speed"): each run's
 `autotuned-serve simulate` in its own process, its JSON's steps, requests, SLO attainment and `wall_s`
 (the simulation and its summary; the process adds Python's start-up and the torch import).
 
     python benchmarks/profile_speed.py                                                    # print them
     python benchmarks/profile_speed.py --json docs/results/profile_simulation_speed.json  # and store them
 
-benchmarks/render_docs.py renders the stored file (render_doc) into docs/hardware_profiles.md.
+benchmarks/render_docs.py renders the stored file (render_doc) into docs/design/hardware_profiles.md.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main() -> None:
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/hardware_profiles.md's speed table (benchmarks/render_docs.py), from the stored runs."""
+    """docs/design/hardware_profiles.md's speed table (benchmarks/render_docs.py), from the stored runs."""
     stored = results_file.read(sources[0])
     m = stored["meta"]
     lines = ["| run | requests | steps | wall_s |", "|---|---|---|---|"]

@@ -3,7 +3,7 @@ token budget, each probe one seeded open-loop run of the workload through the ca
 
 The same search as `autotuned-serve capacity` (loadgen/capacity.py) with the simulator as the
 server, so a whole table takes seconds; what it predicts is only as good as the cost model
-(docs/simulator.md gives its accuracy against the real engine).
+(docs/simulator.md, docs/design/cost_models.md).
 
     python benchmarks/simulated_capacity.py
     python benchmarks/simulated_capacity.py --policies sarathi --budgets 32 64 --requests 400 --slo-tbt-s 0.5

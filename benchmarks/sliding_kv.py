@@ -1,4 +1,4 @@
-"""What giving back the sliding layers' KV pages buys (#34; engine/kv_cache/kv_groups.py), on a Gemma 3 file.
+"""What giving back the sliding layers' KV pages buys (engine/kv_cache/kv_groups.py), on a Gemma 3 file.
 
 The same long requests served twice on one KV pool of `--kv-mb` MB: with `hybrid_kv_cache` (pages per layer
 group, the sliding groups' pages given back as each window passes) and without (every layer keeps every block,
@@ -82,6 +82,26 @@ def main() -> None:
         out = {"meta": results_file.meta(), "settings": vars(args), "same_tokens": same,
                "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs]}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/design/engine.md's table (benchmarks/render_docs.py): both KV layouts of one results file."""
+    r = json.loads(Path(sources[0]).read_text())
+    m, st = r["meta"]["machine"], r["settings"]
+    layout = {True: "pages per layer group, sliding pages given back",
+              False: "every layer keeps every block (`hybrid_kv_cache: false`)"}
+    g = r["runs"][0]["groups"]
+    lines = [f"{Path(st['model']).name}: {g['global']} global and {g['sliding']} sliding layer groups of {g['lanes']} "
+             f"lanes, window {g['window']}; {st['requests']} requests of {st['prompt_tokens']}-token prompts and "
+             f"{st['max_tokens']} greedy tokens, all sent at once, on a {st['kv_mb']:g} MB pool; {m['cpu_model']}, "
+             f"{m['cores']} cores.", "",
+             "| KV layout | a request's KV at its last step | requests running at once | preemptions | steps |",
+             "|---|---:|---:|---:|---:|"]
+    for run in r["runs"]:
+        lines.append(f"| {layout[run['hybrid_kv_cache']]} | {run['request_kv_mb_at_end']:.1f} MB | "
+                     f"{run['peak_running']} of {st['requests']} | {run['preemptions']} | {run['steps']} |")
+    lines += ["", f"Requests with the same greedy tokens in both runs: {r['same_tokens']} of {st['requests']}."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

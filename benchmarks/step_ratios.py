@@ -1,4 +1,4 @@
-"""Live step times against the cost model, by kind of step, on the real daemon (docs/simulator.md,
+"""Live step times against the cost model, by kind of step, on the real daemon (docs/design/cost_models.md,
 "Live step-time scatter"): how far decode-only steps and steps carrying prefill chunks of a few sizes
 run from the prediction of the daemon's calibration, at the median and the 90th/99th percentiles.
 The live cost model pools all of them into one scatter; this shows whether one distribution fits.
@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -102,6 +103,29 @@ def main() -> None:
     emit_summary({"qps": args.qps, "num_requests": args.num_requests, "serve_args": args.serve_arg,
                   "bench": {k: bench[k] for k in ("ttft_p50_s", "tbt_p99_s", "slo_attainment", "request_throughput_rps")},
                   "pooled": pooled, "by_prefill_tokens": ratios_by_kind(steps)}, args.json)
+
+
+def render_doc(sources: list[Path]) -> str:
+    """docs/design/cost_models.md's table (benchmarks/render_docs.py): live over predicted by kind of step."""
+    r = json.loads(Path(sources[0]).read_text())
+    m = r["meta"]["machine"]
+
+    def kind(bounds) -> str:
+        if bounds == "all":
+            return "all, pooled"
+        lo, hi = bounds
+        return "decode only" if hi == 0 else f"with {lo} or more prefill tokens" if hi >= 1 << 30 \
+            else f"with {lo}-{hi} prefill tokens"
+
+    lines = [f"The daemon's defaults (`--no-tune`), chat at {r['qps']:g} requests/s, {r['num_requests']} requests, "
+             f"on {m['cpu_model']}, {m['cores']} cores.", "",
+             "| steps | count | median duration | live/predicted p50 | p90 | p99 | p90 over p50 |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in r["by_prefill_tokens"] + [r["pooled"]]:
+        lines.append(f"| {kind(row['prefill_tokens'])} | {row['steps']} | {1e3 * row['duration_p50_s']:.0f} ms | "
+                     f"{row['ratio_p50']:.2f} | {row['ratio_p90']:.2f} | {row['ratio_p99']:.2f} | "
+                     f"{row['p90_over_p50']:.2f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ scatter in it, each simulated step takes the prediction times a draw from the li
 their median), and the simulated scheduler prices at the same percentile as the live one. For
 what-ifs only: the pooled ratios are mostly those of decode steps, which scatter far more than
 slack-filling prefill steps (docs/results/step_ratios_xeon.json), so drawn i.i.d. they overrun long
-steps that live do not, and the warm start simulates without them (docs/simulator.md)."""
+steps that live do not, and the warm start simulates without them (docs/design/cost_models.md)."""
 
 from __future__ import annotations
 
