@@ -36,7 +36,7 @@ def score(goodput_rps: float, offered_rps: float, ttft_p50_s: float | None, tbt_
     share = min(1.0, goodput_rps / offered_rps) if offered_rps > 0 else 0.0
     # P50 TTFT is mostly queueing: its room is spare capacity. Room under the TBT bound is not: it
     # comes from smaller steps, which leave less capacity, and scoring it led the tuner to small
-    # token caps that broke at the first burst (shift-gpu, docs/hardware_profiles.md).
+    # token caps that broke at the first burst (`tune --simulate --workload shift-gpu`).
     headroom = 1.0 - min(ttft / slo.ttft_s, 2.0)
     return Score(share + HEADROOM_WEIGHT * headroom, {"ttft_p50": ttft - slo.ttft_s, "tbt_p99": tbt - slo.tbt_s})
 

@@ -65,7 +65,7 @@ MAX_TIED = 4        # tied candidates re-run at the stress rate, besides the kno
 # candidates given a priori (the knobs serving, the shipped defaults, the coarse grid): TPE fits
 # them. On the CPU's summarization from a 32-token start, 5 requests at 60 s, it handed over a TPE
 # sample, which the controller held (at such rates it keeps the warm start's first pick): the cell
-# converged at 2,850 s (docs/results/zero_config_stop61_old_warm_start.jsonl).
+# converged only at 2,850 s (benchmarks/zero_config.py, CPU summarization from sarathi-32).
 MIN_STRESS_SAMPLES = 20
 
 

@@ -5,7 +5,7 @@ default knobs, then a grid of static configurations over the tuner's knobs at `-
 For every pair of workloads, the per-phase ceiling of a shift between them (equal time in each, each
 at its own rate): the goodput of the best configuration per phase over the best single one, the
 number `tune --simulate` reports for a shift. A pair near 1.00x gives a tuner nothing to win over a
-well-chosen constant; the issue's bar applies from 1.2x.
+well-chosen constant; one from about 1.2x up is where switching can pay.
 
     python benchmarks/phase_grid.py --profile h100-llama3.1-8b
     python benchmarks/phase_grid.py --profile a100-mistral-7b --workloads sharegpt4 rag reasoning --requests 300

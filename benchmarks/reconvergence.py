@@ -15,7 +15,7 @@ the workload and --duration of that run, this finds each phase change and report
 - windows / violating: the controller's measured windows ending in the phase, and how many broke
   the SLO; the final knobs.
 
-    python benchmarks/reconvergence.py --state-dir /tmp/tune_h100 --workload sharegpt4-arxiv-shift --duration 900
+    python benchmarks/reconvergence.py --state-dir out/tune_h100 --workload sharegpt4-arxiv-shift --duration 900
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ RESULTS = ROOT / "docs" / "results" / "zero_config.jsonl"
 LIVE = ROOT / "docs" / "results" / "wrong_start_live.json"     # benchmarks/wrong_start_live.py
 FLOOR = ROOT / "docs" / "results" / "zero_config_floor.jsonl"  # benchmarks/zero_config.py --grid-floor
 NEAR_BEST = 0.98          # grid configurations serving at least this share of the best one's goodput
-# the issue's bars: tuned >= 0.97x best static after convergence, converged within 5 minutes, <= 2%
+# the bars: tuned >= 0.97x best static after convergence, converged within 5 minutes, <= 2%
 # of 30-s bins violating after it; a wrong start "loses" when left alone it serves 1.5x less
 AFTER_MIN, CONVERGE_MAX_S, VIOLATING_MAX, LOSS_MIN = 0.97, 300.0, 0.02, 1.5
 # The stored results predate the "30-s bins" names (re-running the benchmarks is out of scope), so
@@ -44,7 +44,7 @@ def load(path: Path = RESULTS) -> list[dict[str, Any]]:
 
 def violating(cell: dict[str, Any]) -> tuple[float, float]:
     """Shares of 30-s bins violating after convergence, tuned's and the best static's: over the
-    requests that arrived after it where the cell records that (benchmarks/zero_config.py, stop 47),
+    requests that arrived after it where the cell records that (benchmarks/zero_config.py's `_new_arrivals`),
     else over every request finishing after it (which counts the wrong start's last requests); None for
     a cell that never converged (zero_config.py records no share then)."""
     key = "violating_bins_after_convergence"
@@ -75,25 +75,21 @@ def cell_text(cell: dict[str, Any]) -> str:
 
 
 def render(rows: list[dict[str, Any]]) -> str:
+    """One row per (hardware, workload); each wrong start's cell ends with what it loses left alone."""
     starts = [c["start"] for c in rows[0]["cells"]]
     head = ["hardware", "workload", "rate (req/s)", "SLO (s)", "best static goodput (attainment)", *starts]
     lines = [_row(head), _row(["---"] * len(head))]
     for r in rows:
         slo = f"{r['slo']['ttft_s']:g} / {r['slo']['tbt_s']:g}"
         lines.append(_row([r["hardware"], r["workload"], f"{r['qps']:.3g}", slo, best_static_text(r),
-                           *(cell_text(c) for c in r["cells"])]))
-    lines += ["", "What each start loses when left alone (best static goodput / the start's own):", ""]
-    wrong = starts[1:]
-    lines += [_row(["hardware", "workload", *wrong]), _row(["---"] * (2 + len(wrong)))]
-    for r in rows:
-        losses = {c["start"]: c["wrong_start_loss"] for c in r["cells"]}
-        lines.append(_row([r["hardware"], r["workload"], *(_loss(losses[s]) for s in wrong)]))
+                           *(cell_text(c) + ("" if c["start"] == starts[0] else f"; alone {_loss(c['wrong_start_loss'])}")
+                             for c in r["cells"])]))
     lines += ["", summary(rows)]
     return "\n".join(lines)
 
 
 def best_static_text(row: dict[str, Any]) -> str:
-    """Its goodput and SLO attainment; and, where the row records it (stop 61 on), the share of the
+    """Its goodput and SLO attainment; and, where the row records it, the share of the
     requests that miss the SLO even served alone on the idle machine."""
     alone = f"; {row['missed_alone']:.0%} missed alone" if "missed_alone" in row else ""
     return f"{row['best_static_goodput_rps']:.3g} ({row['best_static_slo_attainment']:.1%}{alone})"
@@ -176,20 +172,25 @@ def render_floor(rows: list[dict[str, Any]]) -> str:
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/tuning.md's block: the matrix, its grid floor and the live wrong starts, from those
-    three results files (benchmarks/render_docs.py)."""
-    matrix, floor, live = sources
-    live_run = renamed(results_file.read(live))
-    return render(load(matrix)) + "\n\n" + render_floor(load(floor)) + "\n\n" + render_live(live_run)
+    """docs/tuning.md's block: the matrix and its grid floor, and the live wrong starts where a third
+    results file is given (benchmarks/render_docs.py)."""
+    matrix, floor, *live = sources
+    text = render(load(matrix)) + "\n\n" + render_floor(load(floor))
+    return text + "".join("\n\n" + render_live(renamed(results_file.read(path))) for path in live)
 
 
 def render_matrix(sources: list[Path]) -> str:
-    """The matrix of one results file alone (docs/tuning.md: the CPU's long-prompt rows as they were)."""
+    """The matrix of one results file alone."""
     return render(load(sources[0]))
 
 
+def render_shift(sources: list[Path]) -> str:
+    """The matrix's rows of the shifting workload alone (docs/tuning.md, "The shifting workload")."""
+    return render([r for r in load(sources[0]) if r["workload"] == "shift"])
+
+
 def render_live_doc(sources: list[Path]) -> str:
-    """One live run's table alone (docs/tuning.md: the wrong starts on another machine)."""
+    """One live run's table alone (docs/tuning.md: the wrong starts, one table per machine)."""
     return render_live(renamed(results_file.read(sources[0])))
 
 
@@ -200,7 +201,7 @@ def render_summary(sources: list[Path]) -> str:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    print(render_doc([RESULTS, FLOOR, LIVE]))
+    print(render_doc([RESULTS, FLOOR]) + "\n\n" + render_live_doc([LIVE]))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ requests with the shipped cost model: found offline, as an operator would. Repor
 configuration: goodput (requests/s meeting both SLOs), SLO attainment, the share of 30-s bins
 (by finish time) that broke the SLO, and for the tuned daemon its own tuning windows (controller).
 
-    python benchmarks/tuning_shift.py --slo-ttft-s 8 --slo-tbt-s 0.5 --json /tmp/tuning_shift.json
+    python benchmarks/tuning_shift.py --slo-ttft-s 8 --slo-tbt-s 0.5 --json out/tuning_shift.json
 """
 
 from __future__ import annotations

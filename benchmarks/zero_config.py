@@ -74,9 +74,9 @@ WRONG_STARTS = {"sarathi-32": ("sarathi", {"token_budget": 32}),
                 "deadline-headroom-0.5": ("deadline", {"token_budget": 2048, "step_headroom": 0.5})}
 # a summarization prompt (1,000-4,000 tokens; sharegpt4's in diurnal, up to 7,168; shift's middle phase) takes
 # seconds to prefill alone on the 2-core CPU, so those cells on the CPU run at the TTFT target of the shipped
-# `batch` class (configs/slo_classes.yaml: "summarization, offline jobs"; 30 s). Until stop 61 they ran at 10 s,
-# under which the best static configuration kept ~81% of summarization's and diurnal's requests within the SLO
-# at 0.6 of capacity and 15% of diurnal's missed it served alone (docs/results/zero_config_cpu_ttft10.jsonl).
+# `batch` class (configs/slo_classes.yaml: "summarization, offline jobs"; 30 s). At 10 s
+# (--long-prompt-ttft-s 10) the best static configuration keeps ~81% of summarization's and diurnal's requests
+# within the SLO at 0.6 of capacity and 15% of diurnal's miss it served alone, so no start can meet the bars.
 # The TBT target stays the interactive one: their requests stream.
 LONG_PROMPT_WORKLOADS = ("summarization", "diurnal", "shift")
 

@@ -459,7 +459,7 @@ def test_a_load_dip_does_not_reopen_exploration(cost, tmp_path):
 
 
 def test_a_burst_does_not_hand_the_incumbent_to_a_configuration_measured_once(cost, tmp_path):
-    """Live (deadline-0.5 start at 1.5 requests/s, stop 51): the incumbent's window in a burst read
+    """Live (deadline-0.5 start at 1.5 requests/s on the 2-core Xeon): the incumbent's window in a burst read
     0.34 of the offered requests (47% within the SLO, which it met, engine busy 99%); by value the
     warm start's first pick, measured once, overtook it, served 95% in its one window, and exploration
     reopened into the burst's backlog. A load dip counts against neither value nor attainment."""

@@ -64,7 +64,7 @@ def test_goodput_windows_hold_100_arrivals_counted_where_the_rate_drops():
 
 
 def test_a_run_has_not_converged_while_it_holds_a_start_that_loses():
-    """The A100's diurnal from sarathi-32 (stop 61): the tuned run left the start at 60.1 s, and a
+    """The A100's diurnal from sarathi-32 (the zero-config matrix): the tuned run left the start at 60.1 s, and a
     dawn window of 100 arrivals absorbed the 4 of 9 requests it lost in the 30-60 s bin, so the goodput
     windows alone called it converged at 30 s. A start that held serves >= 0.95x may converge at 0."""
     moved = [ConfigurationChange(60.1, "deadline", Knobs())]
@@ -105,12 +105,12 @@ def test_runs_carry_over_only_from_a_run_on_the_same_requests(tmp_path):
     """wrong_start_live.py --carry-from: a start's runs (tuned, left alone) not made in this run are
     taken from an earlier run on the same requests, marked with where they came from; what this run
     made is kept, and a run the earlier one carried keeps its own origin."""
-    stop50 = {"file": "old.json", "commit": "aaaaaaa1", "date_utc": "2026-11-27T20:08:12Z"}
+    older = {"file": "old.json", "commit": "aaaaaaa1", "date_utc": "2026-11-27T20:08:12Z"}
     earlier = {"meta": {"commit": "e416e3115b", "date_utc": "2026-11-27T22:50:00Z"}, "qps": 1.5, "duration_s": 480.0,
                "num_requests": 683, "slo": {"ttft_s": 2.0, "tbt_s": 0.25},
                "command": "python benchmarks/wrong_start_live.py --qps 1.5 --duration 480",
                "results": {"sarathi-32": {"controller": {}, "slo_attainment": 0.6,
-                                          "left_alone": {"slo_attainment": 0.086, "carried_from": stop50}},
+                                          "left_alone": {"slo_attainment": 0.086, "carried_from": older}},
                            "prefill-first-8192": {"controller": {}, "slo_attainment": 0.9,
                                                   "left_alone": {"slo_attainment": 0.46}}}}
     path = tmp_path / "earlier.json"
@@ -120,7 +120,7 @@ def test_runs_carry_over_only_from_a_run_on_the_same_requests(tmp_path):
                "prefill-first-8192": {"controller": {}, "slo_attainment": 0.97}}
     wrong_start_live.carry_over(results, str(path), args, 683)
     assert results["sarathi-32"]["slo_attainment"] == 0.6 and results["sarathi-32"]["carried_from"]["commit"] == "e416e3115b"
-    assert results["sarathi-32"]["left_alone"]["carried_from"] == stop50          # carried before: its origin
+    assert results["sarathi-32"]["left_alone"]["carried_from"] == older          # carried before: its origin
     assert results["prefill-first-8192"]["slo_attainment"] == 0.97                # run here: kept
     assert "carried_from" not in results["prefill-first-8192"]
     assert results["prefill-first-8192"]["left_alone"]["carried_from"]["commit"] == "e416e3115b"
