@@ -10,14 +10,16 @@ Comparing only the first all-decode step's logits would count a request that par
 earlier mixed step as a large error; comparing rows while the histories agree does not.
 
     python benchmarks/gpu_attention_check.py [--steps] [--device cpu (smoke run, TRITON_INTERPRET=1)]
-    python benchmarks/gpu_attention_check.py > docs/results/gpu_h100_attention_check.log
+    python benchmarks/gpu_attention_check.py --json docs/results/gpu_h100_attention_check.json
 
-render_doc turns such a log into docs/gpu.md's table (benchmarks/render_docs.py).
+--json stores the printed lines with the run's meta; render_doc turns them into docs/gpu.md's table
+(benchmarks/render_docs.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import tempfile
@@ -47,16 +49,24 @@ def traced(model: str, device: str, dtype: str, backend: str, budget: int) -> li
     return steps
 
 
+LINES: list[str] = []     # what report printed, for --json
+
+
+def emit(line: str) -> None:
+    print(line)
+    LINES.append(line)
+
+
 def report(name: str, got: list[TracedStep], ref: list[TracedStep], per_step: bool) -> None:
     rows = errors_while_histories_agree(got, ref)
     mixed = [r for r in rows if not r.all_decode]
-    print(f"{name}: worst row error {max(r.error for r in rows):.4f} over {len(rows)} rows "
-          f"({len(mixed)} in steps with prefill tokens), {sum(not r.same_token for r in rows)} of 5 requests parted")
+    emit(f"{name}: worst row error {max(r.error for r in rows):.4f} over {len(rows)} rows "
+         f"({len(mixed)} in steps with prefill tokens), {sum(not r.same_token for r in rows)} of 5 requests parted")
     for r in rows:
         if per_step:
-            print(f"  step {r.step} prompt {r.prompt}{' decode-only' if r.all_decode else ''}: {r.error:.4f}")
+            emit(f"  step {r.step} prompt {r.prompt}{' decode-only' if r.all_decode else ''}: {r.error:.4f}")
         if not r.same_token:
-            print(f"  prompt {r.prompt} parts at step {r.step}: {describe(r, got, ref)}")
+            emit(f"  prompt {r.prompt} parts at step {r.step}: {describe(r, got, ref)}")
 
 
 def describe(r: RowError, got: list[TracedStep], ref: list[TracedStep]) -> str:
@@ -69,6 +79,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", action="store_true", help="every compared row's error")
+    p.add_argument("--json", help="store the printed lines with the run's meta (benchmarks/results_file.py)")
     args = p.parse_args()
     model = tempfile.mkdtemp()
     save_hf_model(model, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
@@ -79,11 +90,14 @@ def main() -> None:
             for backend in ("torch", "triton"):
                 got = traced(model, args.device, dtype, backend, budget)
                 report(f"budget {budget} {dtype} {backend}", got, ref, args.steps)
+    if args.json:
+        from benchmarks import results_file
+        results_file.write(args.json, {"device": args.device, "lines": LINES})
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/gpu.md's table (benchmarks/render_docs.py): one row per budget, dtype and backend of a log of
-    this script, with the reference's top-2 margin where a request parted."""
+    """docs/gpu.md's table (benchmarks/render_docs.py): one row per budget, dtype and backend of a
+    results file of this script (--json), with the reference's top-2 margin where a request parted."""
     lines = ["| token budget | dtype | backend | rows compared (with prefill) | worst row error | requests parted | "
              "reference's top-2 margin where they parted |", "|---:|---|---|---:|---:|---:|---|"]
     row, margins = None, []
@@ -92,7 +106,7 @@ def render_doc(sources: list[Path]) -> str:
         if row:
             lines.append(row + (", ".join(margins) if margins else "") + " |")
 
-    for text in Path(sources[0]).read_text().splitlines():
+    for text in json.loads(Path(sources[0]).read_text())["lines"]:
         if m := SUMMARY.match(text):
             flush()
             budget, dtype, backend, worst, rows, mixed, parted, total = m.groups()

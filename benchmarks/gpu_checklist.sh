@@ -7,7 +7,7 @@
 #   OUT=gpu-results bash benchmarks/gpu_checklist.sh [tests] [attention] [graphs] [eager] [profile]
 #   (default: all five)
 #
-# Results: $OUT/{device.txt,tests.log,attention.log,step_graphs.{json,log},step_eager.{json,log},
+# Results: $OUT/{device.txt,tests.log,attention.log,attention_check.json,step_graphs.{json,log},step_eager.{json,log},
 # profile_check.{json,log}}; attention.log: the backends against the CPU's fp32 reference inside the engine,
 # request by request (benchmarks/gpu_attention_check.py).
 # The machine needs torch with CUDA, triton, numpy, scipy, pyyaml, jinja2, prometheus-client, psutil,
@@ -33,7 +33,7 @@ for part in $parts; do
     case $part in
     tests)   timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE --tb=short tests/test_cuda_engine.py \
                  tests/test_triton_attention.py tests/test_device_sampler.py > "$OUT/tests.log" 2>&1 ;;
-    attention) timeout 150 python3 benchmarks/gpu_attention_check.py > "$OUT/attention.log" 2>&1 ;;
+    attention) timeout 150 python3 benchmarks/gpu_attention_check.py --json "$OUT/attention_check.json" > "$OUT/attention.log" 2>&1 ;;
     graphs)  timeout 120 python3 benchmarks/step_time.py $STEP_ARGS --torch-profile 5 \
                  --json "$OUT/step_graphs.json" > "$OUT/step_graphs.log" 2>&1 ;;
     eager)   timeout 80 python3 benchmarks/step_time.py $STEP_ARGS --no-cuda-graphs --steps 10 \
