@@ -1,8 +1,9 @@
-# autotuned-serve on the CPU (docs/operations.md):
+# autotuned-serve on the CPU (docs/deployment.md):
 #   docker build -t autotuned-serve .                 # the README's install command, kernels checked
 #   docker build --target test -t autotuned-serve:test .   # ... and its test command (~10 min on 2 cores)
 #   docker run -d --name autotuned -p 8000:8000 -e AUTOTUNED_SERVE_API_KEY=... \
 #       -v autotuned-state:/var/lib/autotuned-serve --stop-timeout 45 autotuned-serve
+# Your own model: `model: /models/FILE.gguf` in deploy/config.yaml and `-v /srv/models:/models:ro`.
 # The key is required: the daemon binds 0.0.0.0 inside the container. --stop-timeout must exceed
 # grace_s (30 s) so `docker stop` lets in-flight requests finish.
 

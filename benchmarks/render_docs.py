@@ -9,7 +9,8 @@ A rendered block in a doc is delimited by
 and its text is FUNCTION (default `render_doc`) of SCRIPT called with the results files' paths. The
 benchmark that writes a results file renders it, so a figure has one source: the file.
 tests/test_docs.py fails when a block and its rendering differ (a number edited by hand, or a results
-file re-measured without re-rendering).
+file re-measured without re-rendering). It also writes docs/results/README.md, the index of every results
+file: the page that renders or cites it, the script and command that wrote it, its machine and commit.
 
     .venv/bin/python benchmarks/render_docs.py            # rewrite every stale block
     .venv/bin/python benchmarks/render_docs.py --check    # list stale blocks, exit 1 if any
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -43,9 +46,13 @@ class Block:
         return f"{self.doc.relative_to(ROOT)}:{self.line} ({', '.join(Path(s).name for s in self.sources)})"
 
 
+RESULTS = ROOT / "docs" / "results"
+INDEX = RESULTS / "README.md"
+
+
 def docs() -> list[Path]:
-    """README.md and every page under docs/ (the results index included)."""
-    return sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+    """README.md and every page under docs/ but the results index."""
+    return sorted(p for p in (ROOT / "docs").rglob("*.md") if p != INDEX) + [ROOT / "README.md"]
 
 
 def find_blocks(path: Path) -> list[Block]:
@@ -88,6 +95,63 @@ def rewrite(path: Path) -> list[Block]:
     return stale
 
 
+def results_files() -> list[Path]:
+    return sorted(p for p in RESULTS.rglob("*") if p.is_file() and p != INDEX)
+
+
+def recorded_meta(path: Path) -> dict | None:
+    """The results file's meta (the first line's, for a .jsonl); None for a file that holds none (a plot)."""
+    if path.suffix not in (".json", ".jsonl"):
+        return None
+    import results_file
+    row = results_file.read_lines(path)[0] if path.suffix == ".jsonl" else results_file.read(path)
+    return row.get("meta")
+
+
+def citing_pages(path: Path, blocks: list[Block]) -> list[str]:
+    """The pages that render `path` in a block, or name it."""
+    name = str(path.relative_to(ROOT))
+    pages = {b.doc for b in blocks if name in b.sources}
+    pages |= {doc for doc in docs() if name in doc.read_text() or str(path.relative_to(RESULTS)) in doc.read_text()}
+    return sorted(os.path.relpath(p, INDEX.parent) for p in pages)
+
+
+def reproducing_command(command: str | list[str], path: Path) -> str:
+    """The recorded command with its scratch output paths pointed into the tree: the one named like the
+    results file at the file itself, any other under out/."""
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    fixed = [str(path.relative_to(ROOT)) if a.startswith("/tmp/") and Path(a).name == path.name
+             else f"out/{Path(a).name}" if a.startswith("/tmp/") else a for a in argv]
+    return shlex.join(fixed)
+
+
+def index_row(path: Path, blocks: list[Block]) -> str:
+    meta = recorded_meta(path) or {}
+    machine = meta.get("machine", {})
+    where = f"{machine.get('cpu_model', '')}, {machine.get('cores', '?')} cores" if machine else ""
+    pages = ", ".join(f"[{Path(p).name}]({p})" for p in citing_pages(path, blocks)) or "none"
+    command = reproducing_command(meta.get("command", ""), path)
+    commit = str(meta.get("commit", ""))[:12]
+    return (f"| `{path.relative_to(RESULTS)}` | {pages} | {where} | {commit} | "
+            f"{f'`{command}`' if command else ''} |")
+
+
+def render_index() -> str:
+    blocks = all_blocks()
+    rows = [index_row(p, blocks) for p in results_files()]
+    return "\n".join([
+        "# Results files",
+        "",
+        "Every figure in the docs is rendered from one of these files by the script that wrote it",
+        "(`benchmarks/render_docs.py`, which also writes this index). Each JSON file's `meta` records the",
+        "machine, the commit, the date and the exact command; below, the command's scratch output paths",
+        "point into the tree (the results file itself, or `out/`).",
+        "",
+        "| file | rendered or cited on | machine | commit | command |",
+        "|---|---|---|---|---|",
+        *rows]) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="only list the stale blocks; exit 1 if any")
@@ -96,7 +160,12 @@ def main() -> None:
         [b for path in docs() for b in rewrite(path)]
     for b in stale:
         print(f"{'stale' if args.check else 're-rendered'}: {b}")
-    sys.exit(1 if stale and args.check else 0)
+    index_stale = not INDEX.exists() or INDEX.read_text() != render_index()
+    if index_stale and not args.check:
+        INDEX.write_text(render_index())
+    if index_stale:
+        print(f"{'stale' if args.check else 're-rendered'}: {INDEX.relative_to(ROOT)}")
+    sys.exit(1 if (stale or index_stale) and args.check else 0)
 
 
 if __name__ == "__main__":

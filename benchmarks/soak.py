@@ -229,7 +229,7 @@ def main() -> None:
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/operations.md's soak figures of a results file (benchmarks/render_docs.py)."""
+    """docs/deployment.md's soak figures of a results file (benchmarks/render_docs.py)."""
     r = results_file.read(sources[0])
     plan, counts, good, mem = r["plan"], r["counts"], r["goodput_of_accepted"], r["memory"]
     drained, after, log = r["drain"], r["request_after"], r["daemon_log"]

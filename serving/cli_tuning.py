@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from serving.setting_flags import (DAEMON_URL, add_knob_flags, add_setting_flag, add_slo_flags, knob_overrides,
-                                   parse_knobs)
+from serving.setting_flags import DAEMON_URL, add_knob_flags, add_setting_flag, knob_overrides, parse_knobs
+from serving.settings import SLO_FLAGS
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_cost_model_arguments(sim)
     add_setting_flag(sim, "state_dir")
     sim.add_argument("--seed", type=int, default=0)
-    add_slo_flags(sim)
+    add_what_if_slo_flags(sim)
     add_report_parser(sub)
     add_tune_parsers(sub)
     prof = sub.add_parser("profiles", help="list the hardware profiles (GPU + model step-time models) the "
@@ -56,6 +56,44 @@ def add_rate_arguments(p: argparse.ArgumentParser) -> None:
                    "(deadline policy, default knobs); default 0.8 unless --qps is given")
 
 
+def add_what_if_slo_flags(p: argparse.ArgumentParser) -> None:
+    """--slo-ttft-s and --slo-tbt-s for a what-if, None unless given (`what_if_slo` picks the class)."""
+    for target in SLO_FLAGS:
+        p.add_argument(f"--slo-{target.replace('_', '-')}", dest=f"slo_{target}", type=float, default=None,
+                       help=f"the SLO's {target} bound (default: the default SLO class's, or the first shipped "
+                       "class, strictest first, whose targets the workload meets at some rate)")
+
+
+def what_if_slo(args: argparse.Namespace, workload, cost):
+    """(SLO, base rate) of a what-if. Given --slo-* flags or --qps, the SLO is the default class's with the
+    flags applied; otherwise the first shipped SLO class, strictest TTFT first, at which the modelled
+    machine meets the workload at some rate (long prompts on a CPU meet the batch class, not the
+    interactive one), said on stderr when it is not the default class."""
+    from engine.slo_class import SloClass, shipped_slo_classes
+    from simulation.relative_load import NoRateMeetsSlo
+
+    classes = shipped_slo_classes()
+    default = classes.get(None)
+    if args.qps is not None or args.slo_ttft_s is not None or args.slo_tbt_s is not None:
+        slo = SloClass(ttft_s=default.ttft_s if args.slo_ttft_s is None else args.slo_ttft_s,
+                       tbt_s=default.tbt_s if args.slo_tbt_s is None else args.slo_tbt_s)
+        return slo, resolve_rate(args, workload, cost, slo)
+    candidates = [default, *sorted((c for c in classes.classes.values() if c != default), key=lambda c: c.ttft_s)]
+    for slo in candidates:
+        try:
+            rate = resolve_rate(args, workload, cost, slo)
+        except NoRateMeetsSlo:
+            print(f"the {slo.name!r} SLO class (TTFT {slo.ttft_s:g} s, TBT {slo.tbt_s:g} s) is met at no rate "
+                  "probed; trying the next", file=sys.stderr)
+            continue
+        if slo != default:
+            print(f"judged at the {slo.name!r} SLO class (TTFT {slo.ttft_s:g} s, TBT {slo.tbt_s:g} s); "
+                  "--slo-ttft-s/--slo-tbt-s or --qps choose otherwise", file=sys.stderr)
+        return slo, rate
+    raise ValueError(f"the modelled machine meets no shipped SLO class on {workload.name!r} at any rate probed; "
+                     "give --qps, or looser --slo-ttft-s/--slo-tbt-s")
+
+
 def resolve_rate(args: argparse.Namespace, workload, cost, slo):
     from simulation.relative_load import base_rate
 
@@ -64,6 +102,10 @@ def resolve_rate(args: argparse.Namespace, workload, cost, slo):
         print(f"base rate {rate.qps:.4g} req/s: {rate.load:g} of the simulated capacity "
               f"{rate.capacity_qps:.4g} req/s on {workload.name}", file=sys.stderr)
     return rate
+
+
+def slo_fields(slo) -> dict:
+    return {"slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s}}
 
 
 def rate_fields(rate) -> dict:
@@ -83,7 +125,7 @@ def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     add_cost_model_arguments(tune)
     add_setting_flag(tune, "state_dir")
     tune.add_argument("--seed", type=int, default=0)
-    add_slo_flags(tune)
+    add_what_if_slo_flags(tune)
     tune.add_argument("--no-ablation", action="store_true",
                       help="skip the plain-budget grid (best_static_plain_budget): 21 fewer runs of the workload")
 
@@ -123,8 +165,6 @@ def run_simulate(args: argparse.Namespace) -> None:
     from simulation.workload_run import simulate
     from loadgen.workload import generate, load_workload
     from policies import Knobs, get_policy
-    from engine.slo_class import SloClass
-
     if args.requests is not None and args.requests < 1:
         raise ValueError("--requests must be >= 1")
     if args.duration is not None and not args.duration > 0:
@@ -132,15 +172,15 @@ def run_simulate(args: argparse.Namespace) -> None:
     get_policy(args.policy)
     knobs = Knobs().replace(**knob_overrides(args))
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
-    workload, slo = load_workload(args.workload), SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
-    rate = resolve_rate(args, workload, cost, slo)
+    workload = load_workload(args.workload)
+    slo, rate = what_if_slo(args, workload, cost)
     requests = args.requests if args.requests is not None or args.duration is not None else 1000
     specs = generate(workload, qps=rate.qps, num_requests=requests, duration_s=args.duration, seed=args.seed)
     if not specs:
         raise ValueError("the workload produced no requests; raise --duration or --qps")
     start = time.perf_counter()
     run = simulate(specs, cost, args.policy, knobs, slo)
-    result = {"workload": args.workload, **rate_fields(rate), "policy": args.policy,
+    result = {"workload": args.workload, **slo_fields(slo), **rate_fields(rate), "policy": args.policy,
               "cost_model": cost_model_label(cost, args.profile),
               "knobs": {k: v for k, v in knobs.as_dict().items() if k != "version"}, **run.summary.as_dict(),
               "num_steps": run.num_steps, "num_rejected": run.num_rejected,
@@ -155,20 +195,19 @@ def run_tune(args: argparse.Namespace) -> None:
     from autotuner.simulated_tuning import compare
     from simulation.cost_model_files import resolve_cost_model
     from loadgen.workload import generate, load_workload
-    from engine.slo_class import SloClass
 
     if not args.duration > 0:
         raise ValueError("--duration must be > 0")
     cost = resolve_cost_model(args.cost_model, args.profile, args.state_dir)
-    workload, slo = load_workload(args.workload), SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
-    rate = resolve_rate(args, workload, cost, slo)
+    workload = load_workload(args.workload)
+    slo, rate = what_if_slo(args, workload, cost)
     specs = generate(workload, qps=rate.qps, duration_s=args.duration, seed=args.seed)
     if not specs:
         raise ValueError("the workload produced no requests; raise --duration or --qps")
     start = time.perf_counter()
     result = compare(specs, cost, args.state_dir, slo, ControllerSettings.load(), args.seed,
                      ablation=not args.no_ablation)
-    print(json.dumps({"workload": args.workload, **rate_fields(rate), "cost_model": cost_model_label(cost, args.profile),
+    print(json.dumps({"workload": args.workload, **slo_fields(slo), **rate_fields(rate), "cost_model": cost_model_label(cost, args.profile),
                       **result,
                       "wall_s": round(time.perf_counter() - start, 1)}, indent=2, default=str))
 

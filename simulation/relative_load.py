@@ -23,6 +23,10 @@ PROBE_MIN_S = 120.0      # ... at least this long of arrivals: 300 requests at a
 MAX_PROBES = 12
 
 
+class NoRateMeetsSlo(ValueError):
+    """The modelled machine meets the SLO on a workload at no rate probed."""
+
+
 @dataclass(frozen=True)
 class BaseRate:
     qps: float                        # the workload's base rate for the run
@@ -72,7 +76,7 @@ def _capacity(workload: Workload, cost: StepTimeModel, slo: SloClass, seed: int,
     result = search_capacity(probe, CapacityCriteria(slo.ttft_s, slo.tbt_s), start_qps=workload.qps,
                              max_probes=MAX_PROBES)
     if result.capacity_qps <= 0:
-        raise ValueError(f"the modelled machine meets the SLO on {workload.name!r} at no rate probed "
+        raise NoRateMeetsSlo(f"the modelled machine meets the SLO on {workload.name!r} at no rate probed "
                          f"(down to {min(p.qps for p in result.probes):.3g} req/s); give --qps")
     return result.capacity_qps
 

@@ -47,3 +47,18 @@ def test_the_command_line_sets_openmps_wait_policy_before_torch_loads():
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", spy], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["PASSIVE"]
+
+
+def test_a_what_if_on_long_prompts_picks_the_slo_class_it_can_meet(capsys):
+    """Summarization on the CPU's calibration meets the interactive class (2 s TTFT) at no rate: without
+    --slo-* or --qps the what-if judges it at the next shipped class, strictest first, and says so; an
+    explicit SLO it cannot meet is a one-line error that names the fix."""
+    import json
+
+    assert main(["simulate", "--workload", "summarization", "--requests", "20"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["slo"] == {"ttft_s": 30.0, "tbt_s": 2.0}
+    assert "judged at the 'batch' SLO class" in out.err
+    assert main(["simulate", "--workload", "summarization", "--requests", "20", "--slo-ttft-s", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("autotuned-serve: error: the modelled machine meets the SLO") and "give --qps" in err

@@ -89,3 +89,228 @@ def test_the_readme_layout_names_every_top_level_folder():
     layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"^([\w.-]+)/", layout, re.M))
     assert folders <= named, sorted(folders - named)
+
+
+# ---- the docs as a manual: links, commands, size, no history ----
+
+import argparse  # noqa: E402
+import shlex  # noqa: E402
+from unittest.mock import patch  # noqa: E402
+
+from serving.cli import build_parser  # noqa: E402
+
+PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(p for p in DOCS.rglob("*.md"))])
+GUIDES = sorted(p for p in DOCS.glob("*.md"))                  # docs/design/ and docs/results/ are not guides
+DESIGN = sorted((DOCS / "design").glob("*.md"))
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
+HISTORY = re.compile(r"\bstops? [0-9]+|stop[0-9]+|/tmp/s[0-9]", re.I)
+
+
+def relative(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown page."""
+    text = FENCE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def links(page: Path) -> list[str]:
+    return [t for t in LINK.findall(FENCE.sub("", page.read_text()))
+            if not re.match(r"[a-z]+:", t)]                    # http:, https:, mailto:, file:
+
+
+@pytest.mark.parametrize("page", PAGES, ids=relative)
+def test_every_relative_link_resolves(page: Path):
+    """Each relative link of README.md, CHANGELOG.md and docs/ names a file of the tree, and a `#section`
+    a heading of that page."""
+    broken = []
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(target)
+    assert not broken, broken
+
+
+def shell_lines(page: Path) -> list[str]:
+    """The lines of a page's shell code (fenced shell blocks and 4-space indented blocks), continuations joined."""
+    text = page.read_text()
+    code = [body for lang, body in FENCE.findall(text) if lang in SHELL_FENCES]
+    code += [m for m in re.findall(r"(?:^|\n\n)((?: {4}\S.*\n?)+)", FENCE.sub("", text))]
+    return [line.strip() for block in code for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def commands(line: str) -> list[list[str]]:
+    """The simple commands of a shell line (split at |, &&, ;), comments and VAR=value prefixes dropped."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:           # an unbalanced quote: not a shell line
+        return []
+    found, current = [], []
+    for token in tokens + [";"]:
+        if token in ("|", "||", "&&", ";", "&", "(", ")"):
+            found.append(current)
+            current = []
+        elif current or not re.match(r"^[A-Z_][A-Z0-9_]*=", token):
+            current.append(token)
+    return [c for c in found if c]
+
+
+def quoted_commands(pages: list[Path]) -> list[tuple[str, list[str]]]:
+    """(page, argv) of every `autotuned-serve ...` and `python benchmarks/X.py ...` command the pages quote."""
+    found = []
+    for page in pages:
+        for line in shell_lines(page):
+            for argv in commands(line):
+                if argv[0].endswith("autotuned-serve") or (
+                        re.search(r"(^|/)python3?$", argv[0]) and len(argv) > 1 and argv[1].startswith("benchmarks/")):
+                    found.append((relative(page), argv))
+    return found
+
+
+class Parsed(Exception):
+    """Raised by the patched parse_args once a command line parsed."""
+
+
+def parse_script_argv(script: str, argv: list[str]) -> None:
+    """Parse `argv` with `script`'s own argument parser: its main() runs up to its parse_args, then stops."""
+    source = (ROOT / script).read_text()
+    if "argparse" not in source:
+        assert not argv, f"{script} takes no arguments"
+        return
+    module = render_docs.load_script(script)
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        original(self, args, namespace)
+        raise Parsed
+
+    with patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop), \
+            patch.object(sys, "argv", [script, *argv]), pytest.raises(Parsed):
+        module.main()
+
+
+QUOTED = quoted_commands(PAGES)
+
+
+def test_the_docs_quote_commands():
+    """The extraction below reads what the pages hold (a broken extraction would pass everything)."""
+    assert sum(argv[0].endswith("autotuned-serve") for _, argv in QUOTED) >= 30
+    assert sum(not argv[0].endswith("autotuned-serve") for _, argv in QUOTED) >= 10
+
+
+@pytest.mark.parametrize("page,argv", QUOTED, ids=[f"{p}: {' '.join(a)[:80]}" for p, a in QUOTED])
+def test_every_quoted_command_parses(page: str, argv: list[str]):
+    """Every command a page quotes parses with the argument parser it would meet: the CLI's own for
+    `autotuned-serve`, the script's for `python benchmarks/X.py` (no stale flag, no removed script)."""
+    if argv[0].endswith("autotuned-serve"):
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit as e:
+            pytest.fail(f"{page}: `{shlex.join(argv)}` does not parse (exit {e.code})")
+        return
+    assert (ROOT / argv[1]).exists(), f"{page}: {argv[1]} is not in the tree"
+    parse_script_argv(argv[1], argv[2:])
+
+
+def test_history_stays_out_of_the_tree():
+    """No page, script, test or comment names a work session or its scratch folders; no 'withdrawn' notes
+    (what changed and why lives in git history and CHANGELOG.md). Results files' recorded commands excepted."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    hits = []
+    for name in tracked:
+        path = ROOT / name
+        if name.startswith("docs/results/") and not name.endswith(".md") or not path.is_file():
+            if HISTORY.search(name):
+                hits.append(name)            # a results path named after a session
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        hits += [f"{name}: {m.group(0)}" for m in HISTORY.finditer(text)]
+        if name.endswith(".md") and "withdrawn" in text.lower():
+            hits.append(f"{name}: withdrawn")
+    assert not hits, hits[:20]
+
+
+def test_the_readme_is_short_and_links_every_guide():
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) <= 150
+    linked = {(ROOT / t.partition("#")[0]).resolve() for t in links(readme)}
+    assert set(GUIDES) <= linked, sorted(relative(g) for g in set(GUIDES) - linked)
+
+
+@pytest.mark.parametrize("page", GUIDES + DESIGN, ids=relative)
+def test_a_page_fits_in_a_sitting(page: Path):
+    assert len(page.read_text().splitlines()) <= 400
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=relative)
+def test_a_guide_opens_with_how_to_use_it(page: Path):
+    """Within its first 30 lines a guide shows a command or a request: a code block."""
+    assert "```" in "\n".join(page.read_text().splitlines()[:30]), relative(page)
+
+
+NEEDS_A_SERVER = {"bench", "tuner", "serve", "cluster"}     # and `capacity` without --simulate, and bare serving
+SHORT_DURATION_S = "300"
+
+
+def standalone_readme_commands() -> list[list[str]]:
+    """README's `autotuned-serve` commands that need no running server, in the README's order."""
+    found = []
+    for _, argv in quoted_commands([ROOT / "README.md"]):
+        sub = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else "serve"
+        if argv[0].endswith("autotuned-serve") and sub not in NEEDS_A_SERVER \
+                and (sub != "capacity" or "--simulate" in argv):
+            found.append(argv)
+    return found
+
+
+def shortened(argv: list[str]) -> list[str]:
+    argv = list(argv)
+    if "--duration" in argv:
+        argv[argv.index("--duration") + 1] = SHORT_DURATION_S
+    return argv
+
+
+@pytest.mark.slow
+def test_every_standalone_readme_command_runs_as_written(tmp_path: Path):
+    """Each README command that needs no server runs to completion as written, in the README's order, in
+    a fresh directory (a `--duration` shortened): a stale flag, a what-if that cannot meet its SLO or a
+    command that needs what no earlier one made fails here."""
+    runs = standalone_readme_commands()
+    assert {"tune", "simulate", "policies"} <= {argv[1] for argv in runs}, runs
+    for argv in runs:
+        cmd = [sys.executable, "-P", "-m", "serving.cli", *shortened(argv)[1:]]
+        done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{shlex.join(argv)}: {done.stderr[-2000:]}"
+
+
+def test_the_results_index_is_current():
+    """docs/results/README.md is render_docs' index of the results files as they are now."""
+    assert render_docs.INDEX.read_text() == render_docs.render_index(), \
+        "stale: run .venv/bin/python benchmarks/render_docs.py"
+
+
+def test_every_results_file_backs_a_page():
+    """A results file no page renders or cites is superseded: git keeps it, the tree does not."""
+    blocks = render_docs.all_blocks()
+    orphans = [str(p.relative_to(ROOT)) for p in render_docs.results_files() if not render_docs.citing_pages(p, blocks)]
+    assert not orphans, orphans
+
+
+def test_benchmarks_readme_lists_every_script():
+    """benchmarks/README.md has a line for each script in benchmarks/ and names none that is gone."""
+    listed = set(re.findall(r"^- `([\w.-]+\.(?:py|sh|yaml))`", (ROOT / "benchmarks" / "README.md").read_text(), re.M))
+    present = {p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh", ".yaml")}
+    assert listed == present, (sorted(present - listed), sorted(listed - present))

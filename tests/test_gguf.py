@@ -79,7 +79,7 @@ QWEN_0_5B = os.path.join(MODELS_DIR, "qwen2.5-coder-0.5b.gguf")
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isfile(QWEN_0_5B), reason="../shared/models/get-model.sh qwen2.5-coder-0.5b")
 def test_real_qwen_0_5b_loads_and_generates():
-    """The real file has its own Q8_0 output tensor beside Q5_0 embeddings (issue #31: it failed to load)."""
+    """The real file has its own Q8_0 output tensor beside Q5_0 embeddings, and loads."""
     llm = LLM(QWEN_0_5B, num_kv_blocks=8)
     assert not llm.engine.runner.model.config.tie_word_embeddings
     out = llm.generate("def fibonacci(n):", SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)[0]
