@@ -3,9 +3,9 @@
 
 For each --models file, three engines: fp32 (weights dequantized, fp32 KV cache) and the quantized weights
 with int16 and with int8 activations (every step on the kernels). Per engine against fp32:
-  agreement   the first 64 greedy tokens of 20 prompts, counted up to each prompt's first difference (#15's
-              bar on the bundled model: >= 90%)
-  4 prompts   whether 32 greedy tokens of 4 prompts equal fp32's (#31's bar on the 0.5B file)
+  agreement   the first 64 greedy tokens of 20 prompts, counted up to each prompt's first difference (the
+              tests' bar on the bundled model: >= 90%)
+  4 prompts   whether 32 greedy tokens of 4 prompts equal fp32's (the tests' bar on the 0.5B file)
   perplexity  of the opening of Pride and Prejudice (tests/data) in one prompt, and its ratio to fp32's
 
     .venv/bin/python benchmarks/activation_precision.py --models bundled ~/.cache/autotuned-models/qwen2.5-coder-0.5b.gguf \\
@@ -99,7 +99,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/llama_cpp.md's table of a results file (benchmarks/render_docs.py)."""
+    """docs/cpu_kernels.md's table of a results file (benchmarks/render_docs.py)."""
     return markdown_table([r for s in sources for r in results_file.read(s)["results"]])
 
 

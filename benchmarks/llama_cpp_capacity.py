@@ -1,10 +1,10 @@
-"""Chat capacity of llama.cpp's `llama-server` and of this daemon, side by side, on one GGUF (#15).
+"""Chat capacity of llama.cpp's `llama-server` and of this daemon, side by side, on one GGUF (docs/llama_cpp.md).
 
-Issue #15 asks for chat capacity under P50 TTFT <= 2 s and P99 TBT <= 0.25 s at >= 1.3x
-llama.cpp's best step size, on the same GGUF file, the same machine and in the same run. Capacity
+The comparison's bar: chat capacity under the SLO (default P50 TTFT <= 2 s and P99 TBT <= 0.25 s) at >= 1.3x
+llama.cpp's best configuration, on the same GGUF file, the same machine and in the same run. Capacity
 is what the project's own `autotuned-serve capacity` command finds against a live server
 (Sarathi-Serve's definition: the largest Poisson request rate whose probe keeps P50 TTFT and P99 TBT
-within bounds with no failed request; see docs/bench.md). The command is only a client, so every
+within bounds with no failed request; see docs/benchmarking.md). The command is only a client, so every
 server meets the same requests (same seed), prompts (same tokenizer, same prompt mode) and criteria.
 
 One run starts each server in turn, waits for /health, sends two protocol checks (does it take
@@ -15,16 +15,16 @@ and the wall time. Servers:
 
 - `llama-bN`: llama-server with `-b N -ub N` (logical and physical batch, i.e. its step size in
   tokens), `-np --slots` parallel slots and `-c slots x --ctx-per-slot`, `-t` = all cores;
-  `llama-bN-npM`: the same with M slots (#31's grid: N in {32, 64, 128, 512, 2048}, M in {4, 8, 16});
-  the issue asks for N in {32, 64, 128, 512} and the best one counts.
+  `llama-bN-npM`: the same with M slots (docs/llama_cpp.md's grid: N in {32, 64, 128}, M in {4, 8, 16});
+  the best one counts.
 - `daemon`: `autotuned-serve serve --no-tune` with a fresh --state-dir (plus --daemon-args), so it
   calibrates its cost model at start-up where no shipped calibration describes the machine (about a
-  minute, part of the start-up time recorded). Its default policy is `deadline` (#13).
+  minute, part of the start-up time recorded). Its default policy is `deadline` (docs/scheduling.md).
 - `daemon-POLICY-N`: the same with `--policy POLICY --token-budget N`, e.g. `daemon-sarathi-64` (a
   plain token budget of 64, the deadline inner loop off): a grid of these is the best static token
-  budget that #13's deadline-aware steps are measured against, in the same run.
+  budget that the deadline-aware steps are measured against, in the same run.
 - `daemon-tuned`: `daemon` with its tuner on (no `--no-tune`): warm start, live trials and all, carried
-  from probe to probe as a running daemon would. #32 measures it against the best of the untuned
+  from probe to probe as a running daemon would. docs/tuning.md measures it against the best of the untuned
   `daemon` configs of the same run (the live static grid).
 
 The kernels' code follows QLINEAR_ISA in the environment (engine/kernels/cpu_kernels.py): QLINEAR_ISA=avx2
@@ -41,7 +41,7 @@ the command line, protocol checks, capacity, every probe's key latencies, other-
 server's log and its `capacity.json` go to a subfolder.
 
     nice -n 19 .venv/bin/python benchmarks/llama_cpp_capacity.py --llama-server /work/llama-peer/bin/llama-server \\
-        --num-requests 100 --start-qps 0.2 --max-probes 7 --out-dir results/llama_cpp_capacity
+        --num-requests 100 --start-qps 0.2 --max-probes 7 --out-dir out/llama_cpp_capacity
 
 A probe lasts about --num-requests / rate seconds plus the drain, so with these settings (rates
 bracketed in [0.2, 0.4] and bisected to ~5%) each server takes 35-50 minutes and the five about
@@ -76,9 +76,9 @@ import results_file  # noqa: E402  (beside this script)
 from server_health import wait_healthy  # noqa: E402
 from telemetry.other_load import OtherLoad  # noqa: E402
 
-TARGET_RATIO = 1.3            # #15: the daemon against llama.cpp's best step size
-DEADLINE_TARGET_RATIO = 1.15  # #13: deadline-aware steps against the best static token budget
-TUNED_TARGET_RATIO = 0.97     # #32: the tuned daemon against the best untuned config of the same run
+TARGET_RATIO = 1.3            # the daemon against llama.cpp's best configuration
+DEADLINE_TARGET_RATIO = 1.15  # deadline-aware steps against the best static token budget
+TUNED_TARGET_RATIO = 0.97     # the tuned daemon against the best untuned config of the same run
 DEFAULT_CONFIGS = "llama-b32,llama-b64,llama-b128,llama-b512,daemon"
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 
@@ -365,7 +365,7 @@ def best_static_daemon(results: list[ServerResult]) -> ServerResult | None:
 
 
 def best_untuned_daemon(results: list[ServerResult]) -> ServerResult | None:
-    """The best daemon config with its tuner off: `daemon` or a `daemon-POLICY-N` (#32's live static grid)."""
+    """The best daemon config with its tuner off: `daemon` or a `daemon-POLICY-N` (the live static grid)."""
     untuned = [r for r in results if r.spec.server == "autotuned-serve" and r.spec.name != TUNED_DAEMON
                and r.capacity_qps]
     return max(untuned, key=lambda r: r.capacity_qps) if untuned else None
@@ -400,22 +400,22 @@ def markdown(results: list[ServerResult], machine: Machine, args: argparse.Names
         lines += ["", f"Best llama.cpp config: `{best.spec.config}` at {best.capacity_qps:.3f} req/s."]
         ours = [r for r in results if r.spec.server == "autotuned-serve" and r.capacity_qps is not None]
         lines += [f"{r.spec.name}: {ratio(r, best):.2f}x the best llama.cpp config "
-                  f"(issue #15's target: >= {TARGET_RATIO:g}x)" for r in ours]
+                  f"(target: >= {TARGET_RATIO:g}x)" for r in ours]
     static, default = best_static_daemon(results), next((r for r in results if r.spec.name == "daemon"), None)
     if static and default and default.capacity_qps is not None:
         lines += ["", f"Best static token budget: `{static.spec.config}` at {static.capacity_qps:.3f} req/s; "
                       f"the daemon's default (deadline-aware steps) is {ratio(default, static):.2f}x it "
-                      f"(issue #13's target: >= {DEADLINE_TARGET_RATIO:g}x)."]
+                      f"(target: >= {DEADLINE_TARGET_RATIO:g}x)."]
     untuned, tuned = best_untuned_daemon(results), next((r for r in results if r.spec.name == TUNED_DAEMON), None)
     if untuned and tuned and tuned.capacity_qps is not None:
         lines += ["", f"Best untuned daemon config: `{untuned.spec.config}` at {untuned.capacity_qps:.3f} req/s; "
                       f"the tuned daemon is {ratio(tuned, untuned):.2f}x it "
-                      f"(issue #32's target: >= {TUNED_TARGET_RATIO:g}x)."]
+                      f"(target: >= {TUNED_TARGET_RATIO:g}x)."]
     return "\n".join(lines) + "\n"
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/llama_cpp.md's table of one or more runs' llama_cpp_capacity.json (benchmarks/render_docs.py):
+    """A table of one or more runs' llama_cpp_capacity.json (benchmarks/render_docs.py):
     every server's capacity and probes, and its ratio to the best llama.cpp server over all of them."""
     runs = [json.loads(s.read_text()) for s in sources]
     servers = [(os.path.basename(run["gguf"]), s) for run in runs for s in run["servers"]]
@@ -430,7 +430,7 @@ def render_doc(sources: list[Path]) -> str:
 
 
 def render_bars(sources: list[Path]) -> str:
-    """README's summary of #31's capacity bars over runs on one machine: per GGUF, the most the daemon held
+    """The capacity bars over runs on one machine (docs/llama_cpp.md, README): per GGUF, the most the daemon held
     and the rate below which llama.cpp's best configuration lies (the highest of each probed configuration's
     lowest failing rate), so the daemon holds more than their ratio times llama.cpp's best. A configuration
     that never failed leaves that open ("-"). The sources choose the daemon: pass its default runs only."""
@@ -455,7 +455,7 @@ def render_bars(sources: list[Path]) -> str:
 
 
 def render_live_grid(sources: list[Path]) -> str:
-    """docs/tuning.md's live static grid (#32): each run's daemon configs, capacity and probes, and
+    """docs/tuning.md's live static grid: each run's daemon configs, capacity and probes, and
     each one's ratio to the best untuned config of its own run (runs differ in their probe rates; a
     run of one config has no ratio)."""
     rows = ["| run | config | capacity (req/s) | first failing (req/s) | probes: rate, P50 TTFT (its later "

@@ -1,14 +1,14 @@
-"""Perplexity of this engine against `llama-perplexity` on the same GGUF files and the same text (#31).
+"""Perplexity of this engine against `llama-perplexity` on the same GGUF files and the same text (docs/llama_cpp.md).
 
 The text is the opening of Pride and Prejudice (tests/data) followed by bench_common's passage,
 tokenized by each side from the GGUF's own vocabulary. Both score it as llama-perplexity does: chunks of
 --ctx tokens (the first replaced by BOS where the model adds one), each chunk's second half predicted
 from the tokens before it in the chunk; PPL = exp(mean negative log-likelihood). This engine runs the
 daemon's defaults (the quantized kernels, 16-bit activations); llama.cpp its own CPU path (8-bit
-activations). Ratio: ours / llama.cpp (#31: within 1%).
+activations). Ratio: ours / llama.cpp (the bar: within 1%).
 
     .venv/bin/python benchmarks/llama_cpp_perplexity.py --llama-bin /work/llama-peer/bin \\
-        --models bundled ~/.cache/autotuned-models/qwen2.5-coder-0.5b.gguf --json /tmp/ppl.json
+        --models bundled ~/.cache/autotuned-models/qwen2.5-coder-0.5b.gguf --json out/llama_cpp_perplexity.json
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def add_bos(model: str) -> bool:
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/llama_cpp.md's perplexity table of results files (benchmarks/render_docs.py)."""
+    """The perplexity table of results files (benchmarks/render_docs.py)."""
     rows = ["| GGUF | chunks | PPL ours | PPL llama.cpp | ours / llama.cpp |", "|---|---:|---:|---:|---:|"]
     rows += [f"| {r['model']} | {r['ours_chunks']} | {r['ours_ppl']:.2f} | {r['llama_ppl']:.2f} | {r['ratio']:.3f} |"
              for r in _results(sources)]

@@ -1,5 +1,5 @@
 """Batch-1 decode and 512-token prefill: this engine against llama.cpp's `llama-bench`, on the same GGUF
-files, side by side in one run (#31).
+files, side by side in one run (docs/llama_cpp.md).
 
 For each --models file, rounds alternate between the two so that a busy spell of the machine hits
 both alike (--rounds, median over rounds):
@@ -11,14 +11,14 @@ both alike (--rounds, median over rounds):
 --kernel-activations int8 runs this engine with llama.cpp's int8 activations (EngineConfig.kernel_activations;
 the default, int16, is the daemon's). Ratios: ours / llama.cpp's tokens/s (>= 1.0: as fast or faster). The resident set after the engine
 was built (--kv-tokens of fp16 KV pool, the daemon's pool size for the 135M default) is reported beside
-the GGUF size x 1.3 + that pool (#31's memory bound).
+the GGUF size x 1.3 + that pool (the memory bound docs/llama_cpp.md uses).
 
 llama.cpp's `system_info` line (which instruction sets it runs) comes from a one-token `llama-completion` run. Threads: both use
 --threads (default: the machine's cores).
 
     .venv/bin/python benchmarks/llama_cpp_single_stream.py --llama-bin /work/llama-peer/bin \\
         --models bundled ~/.cache/autotuned-models/qwen2.5-coder-0.5b.gguf \\
-                 ~/.cache/autotuned-models/qwen2.5-coder-1.5b.gguf --json docs/results/single_stream.json
+                 ~/.cache/autotuned-models/qwen2.5-coder-1.5b.gguf --json out/llama_cpp_single_stream.json
 """
 
 from __future__ import annotations
@@ -145,14 +145,14 @@ def system_info(llama_bin: str, model: str, threads: int) -> str | None:
 
 
 def load_results(path: str) -> list[ModelResult]:
-    """The results of a --json file (docs/llama_cpp.md's table is markdown_table of them)."""
+    """The results of a --json file."""
     with open(path) as f:
         rows = json.load(f)["results"]
     return [ModelResult(**{**r, "llama": Side(**r["llama"]), "ours": Side(**r["ours"])}) for r in rows]
 
 
 def markdown_table(results: list[ModelResult]) -> str:
-    """The table docs/llama_cpp.md shows (medians over rounds)."""
+    """One row a GGUF file (medians over rounds)."""
     rows = ["| GGUF | MB | prefill 512, tok/s: ours / llama.cpp | x | decode, tok/s: ours / llama.cpp | x | "
             "RSS MB (bound) |", "|---|---:|---|---:|---|---:|---|"]
     for r in results:
@@ -163,21 +163,73 @@ def markdown_table(results: list[ModelResult]) -> str:
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/llama_cpp.md's side-by-side table of results files (benchmarks/render_docs.py)."""
+    """A side-by-side table of results files, every row of each (benchmarks/render_docs.py)."""
     return markdown_table([r for s in sources for r in load_results(str(s))])
 
 
+def _machine_key(summary: dict) -> tuple:
+    return (summary["machine"]["cpu_model"], summary["machine"]["nproc"], summary.get("kernel_activations") or "int16")
+
+
+def _machine_label(summary: dict) -> str:
+    machine, isa = summary["machine"], set(summary.get("meta", {}).get("machine", {}).get("isa") or [])
+    extensions = [name for flag, name in (("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"),
+                                          ("amx_tile", "AMX")) if flag in isa]
+    return f"{machine['cpu_model']}, {machine['nproc']} cores" + (f" ({', '.join(extensions)})" if extensions else "")
+
+
+def latest_per_gguf(sources: list[Path]) -> list[tuple[dict, list[tuple[ModelResult, str]]]]:
+    """Per machine (and activation width), the latest row of each GGUF file: sources are given oldest first,
+    and a later file's row for a file replaces an earlier one's. Each row keeps the name of its run."""
+    machines: dict[tuple, tuple[dict, dict[str, tuple[ModelResult, str]]]] = {}
+    for source in sources:
+        summary = json.loads(source.read_text())
+        _, rows = machines.setdefault(_machine_key(summary), (summary, {}))
+        for r in load_results(str(source)):
+            rows[r.model] = (r, source.name)
+    return [(summary, list(rows.values())) for summary, rows in machines.values()]
+
+
+def render_latest(sources: list[Path]) -> str:
+    """docs/llama_cpp.md's table for one machine: the latest run of each GGUF file, and which run it is
+    (ratios are within a run, rounds alternating; absolute rates move between runs)."""
+    rows = ["| GGUF | MB | prefill 512, tok/s: ours / llama.cpp | x | decode, tok/s: ours / llama.cpp | x | "
+            "RSS MB (bound) | run |", "|---|---:|---|---:|---|---:|---|---|"]
+    for _, results in latest_per_gguf(sources):
+        for r, run in results:
+            rows.append(f"| {r.model} | {r.gguf_mb:.0f} | {r.ours.prefill_tok_s:.0f} / {r.llama.prefill_tok_s:.0f} | "
+                        f"**{r.prefill_ratio:.2f}** | {r.ours.decode_tok_s:.1f} / {r.llama.decode_tok_s:.1f} | "
+                        f"**{r.decode_ratio:.2f}** | {r.rss_mb:.0f} ({r.rss_bound_mb:.0f}) | {run} |")
+    return "\n".join(rows)
+
+
 def render_summary(sources: list[Path]) -> str:
-    """README's one line a machine: the range of the ratios over a results file's GGUF files."""
+    """One line a machine (and activation width): the range of the ratios over the latest run of each of its
+    GGUF files (sources oldest first, as render_latest)."""
     rows = ["| machine (llama.cpp b11434, full build) | GGUF files | prefill 512: ours / llama.cpp | "
             "batch-1 decode: ours / llama.cpp |", "|---|---:|---|---|"]
-    for source in sources:
-        summary, results = json.loads(source.read_text()), load_results(str(source))
-        machine, int8 = summary["machine"], summary.get("kernel_activations") == "int8"
-        rows.append(f"| {machine['cpu_model']}, {machine['nproc']} cores ({source.name}"
-                    f"{'; int8 activations' if int8 else ''}) | {len(results)} | "
-                    f"{_ratio_range([r.prefill_ratio for r in results])} | "
-                    f"{_ratio_range([r.decode_ratio for r in results])} |")
+    for summary, results in latest_per_gguf(sources):
+        int8 = summary.get("kernel_activations") == "int8"
+        rows.append(f"| {_machine_label(summary)}{'; int8 activations' if int8 else ''} | {len(results)} | "
+                    f"{_ratio_range([r.prefill_ratio for r, _ in results])} | "
+                    f"{_ratio_range([r.decode_ratio for r, _ in results])} |")
+    return "\n".join(rows)
+
+
+def render_activations(sources: list[Path]) -> str:
+    """docs/cpu_kernels.md's int16 against int8 activations: two results files of the same files on one
+    machine (the first int16, the second --kernel-activations int8), this engine's rates and llama.cpp's
+    ratio in each."""
+    runs = [{r.model: r for r in load_results(str(s))} for s in sources]
+    rows = ["| GGUF | prefill 512, tok/s: int16 / int8 | x llama.cpp: int16 / int8 | decode, tok/s: int16 / int8 | "
+            "x llama.cpp: int16 / int8 |", "|---|---|---|---|---|"]
+    for model, a in runs[0].items():
+        b = runs[1].get(model)
+        if b is None:
+            continue
+        rows.append(f"| {model} | {a.ours.prefill_tok_s:.0f} / {b.ours.prefill_tok_s:.0f} | "
+                    f"{a.prefill_ratio:.2f} / **{b.prefill_ratio:.2f}** | {a.ours.decode_tok_s:.1f} / "
+                    f"{b.ours.decode_tok_s:.1f} | {a.decode_ratio:.2f} / {b.decode_ratio:.2f} |")
     return "\n".join(rows)
 
 

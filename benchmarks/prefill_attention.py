@@ -75,7 +75,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/quantized.md's table of a results file (benchmarks/render_docs.py)."""
+    """docs/cpu_kernels.md's table of a results file (benchmarks/render_docs.py)."""
     return markdown_table([r for s in sources for r in results_file.read(s)["results"]])
 
 

@@ -1,4 +1,4 @@
-"""Resident memory of this engine on GGUF files against #31's bound (the file's size x 1.3 + the KV pool):
+"""Resident memory of this engine on GGUF files against the bound docs/llama_cpp.md uses (the file's size x 1.3 + the KV pool):
 built, serving, and idle after serving.
 
 Each --models file is measured in a fresh interpreter (`python -P`, so one model's pages do not count

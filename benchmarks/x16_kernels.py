@@ -1,5 +1,5 @@
 """The interleaved kernels (engine/kernels/csrc/qlinear_x16.c) per GGUF type, on random weights, against the
-machine's own read bandwidth (#31).
+machine's own read bandwidth (docs/cpu_kernels.md).
 
 For each type: a cache-sized matrix (--rows x --cols, 4864 x 1536 by default: a 0.5B model's ffn_down
 seen from the other side, a few MB) and a DRAM-sized one (--big-rows x --cols: a Qwen vocabulary's
@@ -9,7 +9,7 @@ At one row a decode step streams every weight once: the GB/s column says how clo
 to the memory's rate, and where it falls short the kernel's instructions are the limit.
 
     .venv/bin/python benchmarks/x16_kernels.py
-    .venv/bin/python benchmarks/x16_kernels.py --types Q4_K Q6_K --batch 1 4 --json /tmp/x16.json
+    .venv/bin/python benchmarks/x16_kernels.py --types Q4_K Q6_K --batch 1 4 --json out/x16_kernels.json
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def read_bandwidth_gb_s() -> float:
 
 
 def render_doc(sources: list[Path]) -> str:
-    """docs/llama_cpp.md's table of the DRAM-sized matrices of a results file, and torch's read rate
+    """docs/cpu_kernels.md's table of the DRAM-sized matrices of a results file, and torch's read rate
     in the same run (benchmarks/render_docs.py)."""
     data = json.loads(sources[0].read_text())
     big = _dram_sized(data)
@@ -70,18 +70,6 @@ def render_doc(sources: list[Path]) -> str:
         times = " | ".join(_three_digits(r["seconds"][n] * 1e3) for n in batches)
         rows.append(f"| {r['type']} | {r['rows']} x {r['cols']} | {r['mb']:.0f} | {times} | {r['one_row_gb_s']:.1f} |")
     return "\n".join(rows) + f"\n\ntorch's sum over 400 MB in the same run: {data['read_gb_s']:.1f} GB/s."
-
-
-def render_ab(sources: list[Path]) -> str:
-    """One row a type at one row of the DRAM-sized matrix: the first results file (without) against
-    the second (with)."""
-    without, with_ = (json.loads(s.read_text()) for s in sources)
-    rows = ["| type | matrix | MB | 1 row, ms: without / with | GB/s: without / with |", "|---|---|---:|---|---|"]
-    for a, b in zip(*(_dram_sized(d) for d in (without, with_))):
-        rows.append(f"| {a['type']} | {a['rows']} x {a['cols']} | {a['mb']:.0f} | {a['seconds']['1'] * 1e3:.2f} / "
-                    f"{b['seconds']['1'] * 1e3:.2f} | {a['one_row_gb_s']:.1f} / **{b['one_row_gb_s']:.1f}** |")
-    return "\n".join(rows) + (f"\n\ntorch's sum over 400 MB in the same runs: {without['read_gb_s']:.1f} and "
-                              f"{with_['read_gb_s']:.1f} GB/s.")
 
 
 def _three_digits(x: float) -> str:

@@ -3,10 +3,9 @@
 import os
 
 # torch's OpenMP threads otherwise spin for a while after every op, holding a core that the CPU
-# kernels' own pool wants next (benchmarks/omp_wait_policy.py, 2-core Zen 4 EPYC: decode steps of
-# 1/8/32 sequences 0.72/0.59/0.52x as long as with spinning threads, prefill about the same);
-# libgomp reads this once, when torch is first imported, so it takes effect where the engine is
-# imported before torch (the command line, bench_common)
+# kernels' own pool wants next (docs/cpu_kernels.md, "Threads"); libgomp reads this once, when torch
+# is first imported, so it takes effect where the engine is imported before torch (the command line,
+# bench_common)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from engine.engine_config import EngineConfig

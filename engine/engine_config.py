@@ -49,7 +49,7 @@ class EngineConfig:
     quantized_max_rows: int | None = None  # steps up to this many rows use the kernels; None: measure at start-up
     # the kernels' activations: int16 (per block of 32; fp32's greedy tokens above) or int8, llama.cpp's Q8_0
     # activations: ~1.6x faster matmuls on steps of several rows on AVX-512 VNNI (4- to 6-bit types), greedy
-    # tokens leave fp32's sooner (docs/llama_cpp.md)
+    # tokens leave fp32's sooner (docs/cpu_kernels.md)
     kernel_activations: str = "int16"
     # auto: fp16 for an fp32 model on the CPU where the CPU kernels' decode attention reads it (a decode
     # step of a chat batch reads more KV bytes than weight bytes; llama.cpp's default too), else the

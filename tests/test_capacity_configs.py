@@ -1,5 +1,5 @@
 """benchmarks/llama_cpp_capacity.py's server configs: which daemon runs with its tuner, and which
-result is the best static token budget (#13) and the best untuned daemon (#32's live static grid)."""
+result is the best static token budget and the best untuned daemon (the live static grid)."""
 
 from __future__ import annotations
 

@@ -481,7 +481,7 @@ def smollm2_pair():
 
 @pytest.mark.slow
 def test_greedy_tokens_agree_with_fp32(smollm2_pair):
-    """Issue #15's bar: the first 64 greedy tokens of 20 prompts agree on >= 90% (counted up to each prompt's
+    """The bar: the first 64 greedy tokens of 20 prompts agree on >= 90% (counted up to each prompt's
     first difference: after it the two continue different texts)."""
     from engine import SamplingParams
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
@@ -511,8 +511,8 @@ def test_perplexity_within_one_percent_of_fp32(smollm2_pair):
 
 @pytest.mark.slow
 def test_int8_activations_keep_perplexity_within_one_percent_of_fp32(smollm2_pair):
-    """kernel_activations=int8, llama.cpp's arithmetic: its greedy tokens leave fp32's sooner (docs/llama_cpp.md:
-    #15's 90% agreement is not its bar), its perplexity stays within 1%."""
+    """kernel_activations=int8, llama.cpp's arithmetic: its greedy tokens leave fp32's sooner (docs/cpu_kernels.md:
+    the int16 form's 90% agreement is not its bar), its perplexity stays within 1%."""
     from engine import LLM
     int8 = LLM(dtype="fp32", kv_cache_memory_mb=64, weights="quantized", quantized_max_rows=100_000,
                kernel_activations="int8")
@@ -559,7 +559,7 @@ def qwen_pair():
 
 @pytest.mark.slow
 def test_greedy_tokens_on_the_real_qwen_0_5b_match_fp32(qwen_pair):
-    """#31's bar: 32 greedy tokens on 4 prompts, the same on the Q5_0/Q8_0/Q6_K/Q4_K kernels as in fp32."""
+    """The bar: 32 greedy tokens on 4 prompts, the same on the Q5_0/Q8_0/Q6_K/Q4_K kernels as in fp32."""
     from engine import SamplingParams
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
     dense, quantized = (llm.generate(QWEN_PROMPTS, params, use_tqdm=False) for llm in qwen_pair)

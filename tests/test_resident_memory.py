@@ -1,4 +1,4 @@
-"""What the engine keeps resident besides its weights and KV (#31's memory bound: GGUF x 1.3 + the KV pool)."""
+"""What the engine keeps resident besides its weights and KV (the memory bound of docs/llama_cpp.md: GGUF x 1.3 + the KV pool)."""
 
 from __future__ import annotations
 

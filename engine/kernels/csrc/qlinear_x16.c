@@ -61,7 +61,7 @@ typedef struct { float d, s, sh[2]; uint8_t lo[32]; int8_t hi[32]; } block_a8x2;
 
 /* Software prefetch PREFETCH_AHEAD bytes ahead of the weight stream. On a 2-core Xeon (AMX, AVX-512 FP16;
  * in a VM) a batch-1 step read DRAM at 13 GB/s for Q4_K without it and 18 with it (torch's sum: 20;
- * benchmarks/x16_kernels.py, docs/llama_cpp.md): the hardware prefetchers alone keep too few lines in
+ * benchmarks/x16_kernels.py, docs/cpu_kernels.md): the hardware prefetchers alone keep too few lines in
  * flight there. 4 KB and 1 KB ahead measured alike; a group's stream is contiguous, so lines past its end
  * are the next group's (or harmless: a prefetch never faults). -DPREFETCH_AHEAD=0 builds without. */
 #ifndef PREFETCH_AHEAD
@@ -738,7 +738,7 @@ static void split_rows_a16(const block_a16 *a, block_a8x2 *b, int64_t blocks) {
  * on AVX-512 VNNI (elsewhere, and for Q8_0, the 16-bit code runs). Steps of several rows are bound by those
  * instructions, and run ~1.6x faster (a prefill; a batch-1 decode step of a large model is bound by reading
  * the weights instead, and gains little). The price: a model's greedy tokens leave fp32's sooner than with 16
- * bits (docs/llama_cpp.md), hence not the default. */
+ * bits (docs/cpu_kernels.md), hence not the default. */
 #define A8_MAX 127.f
 
 /* one block of 32 activations into b->hi as int8, with d, s and the halves' sums as split_a16 sets them */
@@ -803,7 +803,7 @@ static block_a8x2 *quantize_rows_a8(const float *x, int64_t n, int64_t nb32) {
  * and a step has several rows: each broadcast activation word then feeds two vpdpbusd (group_dot_nib_avx512).
  * With one broadcast load a vpdpbusd, a 512-row step's matmuls ran ~5.3 G of them a second a core on a 2-core
  * Zen 5, bound by the broadcasts; two groups made Q4_0's steps faster, and 5- and 6-bit types' slower in scratch
- * runs (their high bits double each group's registers): benchmarks/x16_prefill_ab.py, docs/llama_cpp.md. A
+ * runs (their high bits double each group's registers). A
  * batch-1 decode step, bound by reading the weights, keeps one group a pass. */
 static int pairs_of_groups(const x16_job *j) { return j->a && j->a8 && j->n > 1 && format_of(j->type).bits == 4; }
 
