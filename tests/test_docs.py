@@ -314,3 +314,23 @@ def test_benchmarks_readme_lists_every_script():
     listed = set(re.findall(r"^- `([\w.-]+\.(?:py|sh|yaml))`", (ROOT / "benchmarks" / "README.md").read_text(), re.M))
     present = {p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh", ".yaml")}
     assert listed == present, (sorted(present - listed), sorted(listed - present))
+
+
+def test_the_metrics_page_lists_the_series_the_daemon_serves():
+    """docs/metrics.md's table is serving/metrics_reference.py's rendering of the daemon's collectors."""
+    from serving import metrics_reference
+
+    text = metrics_reference.PAGE.read_text()
+    assert metrics_reference.rendered_page(text) == text, "stale: python -m serving.metrics_reference --write"
+    assert "autotuned:time_to_first_token_seconds" in text and "autotuned:tuner_failures_total" in text
+
+
+def test_the_alert_rules_name_only_series_the_daemon_serves():
+    """Every autotuned: series in deploy/alerts.yaml (and in docs/metrics.md's rules) is one the daemon serves."""
+    from serving.metrics_reference import EXPOSED_SUFFIX, daemon_series
+
+    served = {s.name + EXPOSED_SUFFIX.get(s.kind, "") if s.kind == "counter" else s.name for s in daemon_series()}
+    rules = yaml.safe_load((ROOT / "deploy" / "alerts.yaml").read_text())["groups"][0]["rules"]
+    named = {m for r in rules for m in re.findall(r"autotuned:\w+", r["expr"])}
+    named |= set(re.findall(r"autotuned:\w+", (DOCS / "metrics.md").read_text().split("## What to alert on")[1]))
+    assert named and named <= served, sorted(named - served)
