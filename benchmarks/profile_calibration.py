@@ -3,6 +3,10 @@ tuned on (configs/hardware_profiles/*.yaml say which figure each number came fro
 derived value next to the one the profile ships, so a changed figure or model shows what to retune.
 
     python benchmarks/profile_calibration.py
+    python benchmarks/profile_calibration.py --checks-json docs/results/profile_checks.json
+
+--checks-json also stores every profile's checks (`autotuned-serve profiles --checks`: predicted
+against published), which render_checks turns into docs/design/hardware_profiles.md's table.
 
 Per GPU: Vidur's linear-layer time of a 7B/8B model at 1 token on 1 and on 8 GPUs,
 t(tp) = W / (tp x B) + layers x c, gives the achieved weight bandwidth B and the per-layer
@@ -13,13 +17,20 @@ intercept less our GPU time of the same 1-decode step.
 
 from __future__ import annotations
 
+import argparse
+import builtins
+import json
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 from scipy.optimize import brentq
 
-from simulation.hardware_profile import HardwareProfile, ProfileModel, load_profile
-from simulation.profile_cost_model import StepTerms
-from telemetry.model_shape import ModelShape
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from simulation.hardware_profile import HardwareProfile, ProfileModel, load_profile, profile_names  # noqa: E402
+from simulation.profile_checks import run_checks  # noqa: E402
+from simulation.profile_cost_model import StepTerms  # noqa: E402
+from telemetry.model_shape import ModelShape  # noqa: E402
 
 LLAMA2_7B = ProfileModel("Llama-2-7B", ModelShape(32, 4096, 11008, 32, 32, 128, 32000), 13.5e9)
 LLAMA3_8B = ProfileModel("Llama-3-8B", ModelShape(32, 4096, 14336, 32, 8, 128, 128256), 16.06e9)
@@ -59,6 +70,15 @@ def compute_and_knee(profile: HardwareProfile, at_2048_ms: float, tokens: int,
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checks-json", help="also store every profile's checks here (benchmarks/results_file.py)")
+    args = p.parse_args()
+    lines: list[str] = []
+
+    def print(line: str) -> None:     # noqa: A001 - printed, and kept for --checks-json
+        lines.append(line)
+        builtins.print(line)
+
     sweeps = {}
     for gpu, (name, model, tp1, tp8) in TP_SWEEPS.items():
         profile = load_profile(name)
@@ -84,6 +104,31 @@ def main() -> None:
     gpu_ms = 1e3 * (terms.linear_s(1) + terms.head_s(1))
     print(f"a100-mistral-7b: step_us {1e3 * (NIYAMA_B0_MS - gpu_ms):.0f} (ships {a100.overheads.step_us:.0f}): "
           f"Niyama b0 {NIYAMA_B0_MS} ms - GPU time of its 1-decode step {gpu_ms:.2f} ms")
+    if args.checks_json:
+        from benchmarks import results_file
+        results_file.write(args.checks_json, {"arithmetic": lines, "profiles": [
+            {"profile": name, "checks": [{"name": r.check.name, "role": r.check.role, "source": r.check.source,
+                                          "ratio": r.check.over is not None, "predicted": r.predicted,
+                                          "published": r.check.expected, "error": r.error}
+                                         for r in run_checks(load_profile(name))]}
+            for name in profile_names()]})
+
+
+def render_checks(sources: list[Path]) -> str:
+    """docs/design/hardware_profiles.md's checks table (benchmarks/render_docs.py): one row per check."""
+    r = json.loads(Path(sources[0]).read_text())
+    lines = ["| profile | check | role | predicted | published | error |", "|---|---|---|---:|---:|---:|"]
+    for prof in r["profiles"]:
+        for c in prof["checks"]:
+            unit, digits = ("x", 3) if c["ratio"] else (" ms", 2)
+            lines.append(f"| {prof['profile']} | {c['name']} | {c['role']} | {c['predicted']:.{digits}f}{unit} | "
+                         f"{c['published']:g}{unit} | {100 * c['error']:+.1f}% |")
+    return "\n".join(lines)
+
+
+def render_arithmetic(sources: list[Path]) -> str:
+    """docs/design/hardware_profiles.md's calibration lines: what the script printed, one item each."""
+    return "\n".join(f"- {line}" for line in json.loads(Path(sources[0]).read_text())["arithmetic"])
 
 
 if __name__ == "__main__":
