@@ -2,9 +2,8 @@
 
 Sustained, not survived: the P50 TTFT bound holds for the probe's later-arriving half too. A probe
 is finite, so a server that falls behind passes on the whole probe's P50 while its queue grows:
-measured on the 2-core daemon (docs/tuning.md, "Sustained capacity"), 64-token deadline steps passed
-1.875 req/s with P50 TTFT 1.79 s, P90 5.4 s and 53% of requests within the SLO; judged on the later
-half too they fail it (2.71 s). A rate whose queue grows reaches any TTFT bound given time.
+the earlier half, served before the backlog builds, carries the median (docs/benchmarking.md,
+"Capacity search"). A rate whose queue grows reaches any TTFT bound given time.
 
 The probe is injected, so the same search runs against a live server (bench_client.live_probe)
 or a simulator. It brackets first (doubling the rate from a start until a probe fails, or
@@ -85,8 +84,7 @@ def search_capacity(probe: Probe, criteria: CapacityCriteria = CapacityCriteria(
 def probe_size(qps: float, num_requests: int, min_duration_s: float = 0.0) -> int:
     """Requests in a probe at `qps`: `num_requests`, or more where that many would arrive within
     `min_duration_s`. A probe of a fixed count shortens as the rate grows, and a server over its
-    sustained capacity passes a short one by queueing the burst (60 chat requests at 6 req/s pass
-    where 400 fail from 1.9 on the 2-core CPU, docs/deadline.md): a floor on the probe's length
+    sustained capacity passes a short one by queueing the burst: a floor on the probe's length
     makes its rate one the server keeps up with."""
     return max(num_requests, math.ceil(qps * min_duration_s))
 

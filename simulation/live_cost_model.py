@@ -7,9 +7,8 @@ so a refit on them extrapolates to other budgets wildly (measured on the real da
 budget-32 steps made the warm start propose 1888).
 
 A quantized engine runs small steps on its own kernels and larger ones dense, and the two paths
-drift apart: measured on the bundled model (docs/deadline.md, "Real daemon"), decode steps on the
-kernels ran at 1.08x their prediction and mixed steps on the dense path at 1.28x, so one median over
-all steps (nearly all decodes) priced every deadline-sized prefill step 15-20% low. Each path gets
+drift apart, so one median over all steps (nearly all decodes, on the kernels) would price every
+deadline-sized prefill step (on the dense path) by the decodes' speed. Each path gets
 its own ratio once it has MIN_PATH_STEPS of the recent steps; until then, the overall one."""
 
 from __future__ import annotations
@@ -120,8 +119,8 @@ class LiveCostModel:
         """The calibration scaled to the live machine by `quantile` of its live-over-predicted ratios (for
         the warm start's simulations); with `scatter`, carrying the live scatter around them. The warm
         start simulates without it: drawn i.i.d. for every step, the scatter (mostly that of ~10-ms
-        decode steps) overran slack-filling steps that live ran within 8-10% of their median, and ranked a
-        64-token cap over the defaults, which sustained 1.25x it live (docs/simulator.md)."""
+        decode steps) overruns slack-filling steps that live run close to their median, and ranks a
+        64-token cap over the defaults, the opposite of live (docs/design/cost_models.md)."""
         model, spread = self._scaled(quantile), self.step_scatter() if scatter else ()
         return replace(model, step_scatter=spread) if spread else model
 
