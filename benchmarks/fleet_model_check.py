@@ -6,7 +6,7 @@ and the goodput per replica-hour, and the planner's ratio over the smallest stat
 the SLO target in each model. The day and the planner's configuration are read from a fleet_day.py
 results file (its settings and its tuned planner).
 
-    nice -n 19 .venv/bin/python benchmarks/fleet_model_check.py --from docs/results/fleet_day_chat.json \\
+    nice -n 19 .venv/bin/python benchmarks/fleet_model_check.py --from docs/results/fleet_day_720s_chat.json \\
         --static 7 8 9 --json docs/results/fleet_model_check_chat.json
 """
 
