@@ -47,6 +47,7 @@ class Block:
 
 
 RESULTS = ROOT / "docs" / "results"
+MODELS_DIR = re.compile(r"^\S*/\.cache/autotuned-models/")    # where ../shared/models/get-model.sh puts GGUF files
 INDEX = RESULTS / "README.md"
 
 
@@ -117,12 +118,12 @@ def citing_pages(path: Path, blocks: list[Block]) -> list[str]:
 
 
 def reproducing_command(command: str | list[str], path: Path) -> str:
-    """The recorded command with its scratch output paths pointed into the tree: the one named like the
-    results file at the file itself, any other under out/."""
+    """The recorded command with its scratch output paths pointed into the tree (the one named like the
+    results file at the file itself, any other under out/) and the model folder as $M."""
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     fixed = [str(path.relative_to(ROOT)) if a.startswith("/tmp/") and Path(a).name == path.name
-             else f"out/{Path(a).name}" if a.startswith("/tmp/") else a for a in argv]
-    return shlex.join(fixed)
+             else f"out/{Path(a).name}" if a.startswith("/tmp/") else MODELS_DIR.sub("$M/", a) for a in argv]
+    return " ".join(fixed)
 
 
 def index_row(path: Path, blocks: list[Block]) -> str:
@@ -131,9 +132,34 @@ def index_row(path: Path, blocks: list[Block]) -> str:
     where = f"{machine.get('cpu_model', '')}, {machine.get('cores', '?')} cores" if machine else ""
     pages = ", ".join(f"[{Path(p).name}]({p})" for p in citing_pages(path, blocks)) or "none"
     command = reproducing_command(meta.get("command", ""), path)
-    commit = str(meta.get("commit", ""))[:12]
+    commit = short_commit(str(meta.get("commit", "")))
     return (f"| `{path.relative_to(RESULTS)}` | {pages} | {where} | {commit} | "
             f"{f'`{command}`' if command else ''} |")
+
+
+def short_commit(commit: str) -> str:
+    """A 40-digit hash to its first 12 digits, keeping a suffix such as `-dirty`."""
+    return re.sub(r"^([0-9a-f]{12})[0-9a-f]{28}", r"\1", commit)
+
+
+def render_provenance(paths: list[Path]) -> str:
+    """Where each results file's figures came from (machine, commit, date) and the command that
+    reproduces it (a .jsonl's first row's: each row records its own): the lines under a figure in
+    docs/performance.md."""
+    lines = []
+    for path in paths:
+        meta = recorded_meta(path) or {}
+        machine = meta.get("machine", {})
+        isa = machine.get("isa", "unrecorded")
+        commit = meta.get("commit", "unrecorded")
+        if commit == "unrecorded" and "committed_in" in meta:
+            commit = f"unrecorded (the file was committed in {meta['committed_in'][:12]})"
+        rows = f" ({len(path.read_text().splitlines())} rows, the first's command)" if path.suffix == ".jsonl" else ""
+        lines.append(f"- `{path.relative_to(RESULTS)}`{rows}: {machine.get('cpu_model', 'unrecorded')}, "
+                     f"{machine.get('cores', '?')} cores, {' '.join(isa) if isinstance(isa, list) else isa}; "
+                     f"commit {short_commit(commit)}, {meta.get('date_utc', 'unrecorded')}: "
+                     f"`{reproducing_command(meta.get('command', ''), path)}`")
+    return "\n".join(lines)
 
 
 def render_index() -> str:

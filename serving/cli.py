@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_plugin_parsers(sub) -> None:
-    """Subcommands of packages above serving/ (docs/architecture.md), found by entry point so this
+    """Subcommands of packages above serving/ (docs/design/architecture.md), found by entry point so this
     module need not import them; each sets `run_plugin` (its handler) in the parsed arguments."""
     from importlib.metadata import entry_points
 

@@ -69,6 +69,11 @@ def render_reference() -> str:
     return "\n".join([
         "# Configuration reference",
         "",
+        "```bash",
+        "cp configs/default.yaml my.yaml      # every setting at its default; edit what you change",
+        ".venv/bin/autotuned-serve --config my.yaml --port 8080 --no-tune      # a flag overrides the file",
+        "```",
+        "",
         "<!-- rendered by `python -m serving.config_reference --write` from serving/settings.py,",
         "policies/knobs.py and autotuner/controller_settings.py; edit those, not this file -->",
         "",

@@ -59,14 +59,26 @@ def test_a_rendered_block_is_the_rendering_of_its_results_files(block: render_do
 
 
 def test_the_docs_render_their_tables_from_results_files():
-    """The tables that were checked one by one before stay rendered blocks: docs/tuning.md's zero-config
-    matrix, docs/llama_cpp.md's side-by-side (one per machine) and README's Performance section."""
+    """The measured tables stay rendered blocks: the zero-config matrix and the live runs in docs/tuning.md,
+    the side-by-side runs per machine in docs/llama_cpp.md, the fleet day, the H100 steps, prefix caching,
+    and every headline claim in docs/performance.md with the provenance of its files."""
     rendered = {(b.doc.name, s) for b in BLOCKS for s in b.sources}
+    headline = ["zero_config.jsonl", "wrong_start_live.json", "wrong_start_live_zen5.json", "soak.json",
+                "llama_cpp_single_stream_xeon.json", "llama_cpp_single_stream_zen5.json", "prefix_caching.json",
+                "fleet_day_86400s_chat.json", "gpu_h100_step_graphs.json", "resident_memory_xeon.json"]
     expected = {("tuning.md", "docs/results/zero_config.jsonl"), ("tuning.md", "docs/results/wrong_start_live.json"),
-                ("README.md", "docs/results/zero_config.jsonl"),
+                ("tuning.md", "docs/results/wrong_start_live_zen5.json"),
                 *(("llama_cpp.md", f"docs/results/llama_cpp_single_stream{s}.json")
-                  for s in ("", "_xeon", "_gemma3_xeon"))}
+                  for s in ("_xeon", "_xeon_native", "_gemma3_xeon", "_zen5", "_zen5_4bit")),
+                ("cluster.md", "docs/results/fleet_day_86400s_chat.json"), ("gpu.md", "docs/results/gpu_h100_step_graphs.json"),
+                ("prefix_caching.md", "docs/results/prefix_caching.json"),
+                *(("performance.md", f"docs/results/{name}") for name in headline)}
     assert expected <= rendered, expected - rendered
+    provenance = {s for b in BLOCKS if b.doc.name == "performance.md" and b.renderer.endswith(":render_provenance")
+                  for s in b.sources}
+    figures = {s for b in BLOCKS if b.doc.name == "performance.md" and not b.renderer.endswith(":render_provenance")
+               for s in b.sources}
+    assert figures == provenance, figures ^ provenance
     rows = results_file.read_lines(ROOT / "docs" / "results" / "zero_config.jsonl")
     assert rows and all(r["cells"] for r in rows)
 
@@ -311,7 +323,8 @@ def test_every_results_file_backs_a_page():
 
 def test_benchmarks_readme_lists_every_script():
     """benchmarks/README.md has a line for each script in benchmarks/ and names none that is gone."""
-    listed = set(re.findall(r"^- `([\w.-]+\.(?:py|sh|yaml))`", (ROOT / "benchmarks" / "README.md").read_text(), re.M))
+    bullets = re.findall(r"^- (.*?):", (ROOT / "benchmarks" / "README.md").read_text(), re.M)
+    listed = {name for b in bullets for name in re.findall(r"`([\w.-]+\.(?:py|sh|yaml))`", b)}
     present = {p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh", ".yaml")}
     assert listed == present, (sorted(present - listed), sorted(listed - present))
 
@@ -334,3 +347,32 @@ def test_the_alert_rules_name_only_series_the_daemon_serves():
     named = {m for r in rules for m in re.findall(r"autotuned:\w+", r["expr"])}
     named |= set(re.findall(r"autotuned:\w+", (DOCS / "metrics.md").read_text().split("## What to alert on")[1]))
     assert named and named <= served, sorted(named - served)
+
+
+def section(page: Path, anchor: str) -> str:
+    """The text of `page` from the heading `anchor` names to the next heading of its level or above."""
+    lines, out, level = page.read_text().splitlines(), [], None
+    for line in lines:
+        heading = re.match(r"^(#+) (.*)$", line)
+        if heading and level is None and re.sub(r"[^\w\- ]", "", heading[2].lower()).replace(" ", "-") == anchor:
+            level = len(heading[1])
+        elif heading and level is not None and len(heading[1]) <= level:
+            break
+        elif level is not None:
+            out.append(line)
+    return "\n".join(out)
+
+
+def test_every_readme_headline_figure_is_in_the_section_it_links():
+    """README's Performance table quotes figures docs/performance.md renders: each number of a row's
+    figure appears in the section its claim links to (a re-measured results file re-renders that section,
+    and a README left behind fails here)."""
+    table = (ROOT / "README.md").read_text().split("## Performance", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in table.splitlines() if r.startswith("| [")]
+    assert len(rows) >= 8
+    for row in rows:
+        claim, figure, _machine = [c.strip() for c in row.strip("|").split("|")]
+        anchor = re.search(r"\]\(docs/performance\.md#([\w-]+)\)", claim)[1]
+        text = section(DOCS / "performance.md", anchor)
+        missing = [n for n in re.findall(r"\d+(?:\.\d+)?", figure) if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", text)]
+        assert text and not missing, (anchor, missing)

@@ -132,15 +132,15 @@ def test_longrope_tables_are_transformers_short_and_long_ones(tmp_path):
         torch.testing.assert_close(ours.sin[positions, 8:], (angles.sin() * factor).float())
 
 
-def test_the_readme_table_names_what_is_supported():
-    """README.md's family table: its config.json model types and GGUF architectures are the loaders'."""
+def test_the_models_table_names_what_is_supported():
+    """docs/models.md's family table: its config.json model types and GGUF architectures are the loaders'."""
     import re
     from pathlib import Path
 
     from engine.model.checkpoint import GGUF_ARCHITECTURES
     from engine.model_config import HF_FAMILIES
 
-    rows = re.findall(r"^\| [^|]+ \| `(\w+)` \| `(\w+)` \|", (Path(__file__).parent.parent / "README.md").read_text(), re.M)
+    rows = re.findall(r"^\| [^|]+ \| `(\w+)` \| `(\w+)` \|", (Path(__file__).parent.parent / "docs" / "models.md").read_text(), re.M)
     assert {hf for hf, _ in rows} == set(HF_FAMILIES)
     assert {arch for _, arch in rows} == set(GGUF_ARCHITECTURES)
 
