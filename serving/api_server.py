@@ -26,6 +26,8 @@ from serving.engine_loop import EngineLoop, QueueFullError
 from engine.errors import EngineError, EngineFailed, InvalidRequestError
 from engine.llm_engine import LLMEngine
 from serving.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
+from serving.request_fields import note_ignored
+from serving.tokenize_api import add_tokenize_routes
 from engine.outputs import RequestOutput
 from engine.scheduling.request import Request
 from engine.slo_class import SloClass, SloClasses, shipped_slo_classes
@@ -144,6 +146,7 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
         request = _make_request(state, loop, body, prompt, http)
         return await _respond(http, loop, request, body, state.config.served_model_name, chat=True)
 
+    add_tokenize_routes(app, state)          # POST /tokenize, /detokenize (serving/tokenize_api.py)
     if extra_routes:
         extra_routes(app, state)
     return app
@@ -156,6 +159,7 @@ def _make_request(state: ServerState, loop: EngineLoop, body: SamplingFields, pr
         raise ApiError(400, f"model {body.model!r} is not served here; this server serves {name!r}", param="model",
                        code="model_not_found")
     slo = _slo_class(state.config.slo_classes, body, http)
+    note_ignored(body.ignored_fields, loop.engine)   # fields with no effect: logged once, counted
     try:
         params = body.sampling_params(state.config.default_max_tokens)
         max_len = loop.engine.max_model_len

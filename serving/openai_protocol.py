@@ -1,23 +1,41 @@
-"""OpenAI-compatible request bodies (the fields we serve) and the error shape clients expect."""
+"""OpenAI-compatible request bodies (the fields we serve) and the error shape clients expect.
+
+A null is the same as an absent field. What each OpenAI field that is not served here does (ignored,
+or a 400 unless it holds its habitual default) is serving/request_fields.py's table; fields outside
+OpenAI's schema that are not ours are accepted, ignored and counted (`ignored_fields`)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.errors import InvalidRequestError
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from serving import request_fields
+from serving.request_fields import Rule, field_error
 
 
-class StreamOptions(BaseModel):
+class NullIsAbsent(BaseModel):
+    """A model whose null fields read as absent: their defaults apply (as OpenAI, vLLM and llama.cpp)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class StreamOptions(NullIsAbsent):
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions; unknown fields are ignored."""
+    """Fields shared by /v1/completions and /v1/chat/completions. Nulls read as absent; OpenAI's fields
+    we do not serve follow OPENAI_FIELDS (serving/request_fields.py); other fields are kept as extras,
+    ignored, and named by `ignored_fields` for the API to count."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
+    OPENAI_FIELDS: ClassVar[dict[str, Rule]] = {}
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, description="most tokens to generate")
@@ -35,21 +53,57 @@ class SamplingFields(BaseModel):
     slo_class: str | None = None    # the request's SLO class (engine/slo_class.py); wins over X-SLO-Class
     cache_salt: str | None = Field(default=None, min_length=1, description=(
         "as vLLM: prefix-cache blocks are shared only among requests with the same salt (a tenant)"))
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0     # vLLM's extension
+    min_p: float = 0.0                  # vLLM's extension
+    logit_bias: dict[str, float] | None = None   # token id (a string, JSON object keys are) -> bias in [-100, 100]
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)   # vLLM's extension
+
+    @model_validator(mode="before")
+    @classmethod
+    def _screen_fields(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return request_fields.screen(cls.__name__, cls.OPENAI_FIELDS, cls.model_fields, data)
 
     @field_validator("n")
     @classmethod
     def _single_choice(cls, n: int) -> int:
-        if n != 1:
+        if n != 1:    # the one place n is restricted
             raise ValueError("only n=1 is supported; send separate requests for more choices")
         return n
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key in bias or {}:
+            try:
+                int(key)
+            except ValueError:
+                raise ValueError(f"logit_bias keys must be token ids (integers), got {key!r}") from None
+        return bias
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        """The body's fields that have no effect here and are not a habitual default: counted by the API."""
+        return sorted(self.model_extra or {})
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        """(SamplingParams.logprobs, SamplingParams.prompt_logprobs): each endpoint reads its own fields."""
+        return None, self.prompt_logprobs
+
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        logprobs, prompt_logprobs = self.logprob_counts()
         return SamplingParams(
             max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
             stop=tuple(stop), stop_token_ids=tuple(self.stop_token_ids or ()), min_tokens=self.min_tokens,
-            ignore_eos=self.ignore_eos)
+            ignore_eos=self.ignore_eos, min_p=self.min_p, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            logit_bias=tuple((int(t), b) for t, b in (self.logit_bias or {}).items()),
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
     @property
     def include_usage(self) -> bool:
@@ -57,7 +111,25 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
+    OPENAI_FIELDS: ClassVar[dict[str, Rule]] = request_fields.COMPLETION_FIELDS
+
     prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)   # top-N per generated token
+    echo: bool = False                  # the reply starts with the prompt
+    best_of: int | None = None
+
+    @field_validator("best_of")
+    @classmethod
+    def _single_candidate(cls, best_of: int | None) -> int | None:
+        if best_of is not None and best_of != 1:    # the one place best_of is restricted
+            raise ValueError("only best_of=1 is supported")
+        return best_of
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is None and self.echo:   # as OpenAI: echo with logprobs scores the prompt too
+            prompt_logprobs = self.logprobs
+        return self.logprobs, prompt_logprobs
 
     def prompt_input(self) -> str | list[int]:
         if isinstance(self.prompt, list) and self.prompt and all(isinstance(p, str) for p in self.prompt):
@@ -85,8 +157,22 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    OPENAI_FIELDS: ClassVar[dict[str, Rule]] = request_fields.CHAT_FIELDS
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs is not None and not self.logprobs:
+            raise field_error(type(self).__name__, "top_logprobs", "top_logprobs needs logprobs: true",
+                              self.top_logprobs)
+        return self
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        return (self.top_logprobs or 0) if self.logprobs else None, self.prompt_logprobs
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         if self.max_tokens is None and self.max_completion_tokens is not None:

@@ -15,6 +15,7 @@ P = "autotuned:"
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0,
                    3.0, 5.0, 10.0, 20.0, 40.0, 80.0)
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+MAX_IGNORED_FIELD_LABELS = 100   # clients name the fields: past this many, further names count as "_other"
 
 
 class PrometheusMetrics:
@@ -71,6 +72,10 @@ class PrometheusMetrics:
                                    registry=r)
         self.hardware = Gauge(P + "device_sample", "Latest device sample (NVML or CPU).", labels + ["metric"],
                               registry=r)
+        self.ignored_fields = Counter(P + "ignored_request_fields", "Request fields accepted without effect "
+                                      "(outside the served schema, or ignored with a non-default value).",
+                                      labels + ["field"], registry=r)
+        self._ignored_names: set[str] = set()
         self._ewma_ratio: float | None = None
         self._ewma_rate: float | None = None
         self._last_arrival: float | None = None
@@ -108,6 +113,15 @@ class PrometheusMetrics:
             self._ewma_rate = _ewma(self._ewma_rate, 1.0 / (t - self._last_arrival), 0.1)
             self.arrival_rate.labels(self._model).set(self._ewma_rate)
         self._last_arrival = t
+
+    def count_ignored_field(self, field: str) -> None:
+        """One request carried `field` to no effect (serving/request_fields.py)."""
+        field = field[:64]
+        if field not in self._ignored_names:
+            if len(self._ignored_names) >= MAX_IGNORED_FIELD_LABELS:
+                field = "_other"
+            self._ignored_names.add(field)
+        self.ignored_fields.labels(self._model, field).inc()
 
     def on_finish(self, r: RequestRecord) -> None:
         m, c = self._model, r.slo_class
