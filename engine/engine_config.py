@@ -36,6 +36,8 @@ class EngineConfig:
     max_token_budget: int = 8192        # top of the budget range the knobs may take at run time
     attention_backend: str = "auto"
     seed: int = 0                       # sampling of requests without their own seed; dummy weights
+    logprobs_mode: str = "raw"          # logprobs from the model's raw logits (vLLM's default) or "processed":
+                                        # after logit bias and penalties (engine/sampler.py's order)
     enable_prefix_caching: bool = True  # reuse the KV of prompt prefixes already in the pool (prefix_cache.py)
     # a model with sliding-window layers keeps its KV in pages per layer group, the sliding groups' pages given
     # back as each request's window passes (kv_groups.py; vLLM's hybrid KV cache manager); False: every layer

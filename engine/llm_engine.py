@@ -7,6 +7,7 @@ import itertools
 from collections import Counter
 import logging
 import time
+from dataclasses import replace
 from collections.abc import Callable
 
 import torch
@@ -18,6 +19,7 @@ from engine.model.detokenizer import Detokenizer
 from engine.engine_config import EngineConfig
 from engine.errors import InvalidRequestError, ModelLoadError
 from engine.idle_memory import return_free_heap
+from engine.logprobs import TokenLogprob
 from engine.model_runner import ModelRunner, StepTiming
 from engine.outputs import RequestOutput, RequestRecord, StepRecord
 from engine.kv_cache.kv_groups import KvGroups, window_shape
@@ -76,7 +78,8 @@ class LLMEngine:
         else:
             num_blocks = (config.num_kv_blocks or self._blocks_for_memory(kv_dtype)) * pages_per_block
         self.runner = ModelRunner(checkpoint, dtype, config.device, num_blocks, config.block_size,
-                                  self.max_model_len, config.attention_backend, config.seed, kv_dtype, groups)
+                                  self.max_model_len, config.attention_backend, config.seed, kv_dtype, groups,
+                                  config.logprobs_mode)
         del checkpoint
         release_freed_memory()
         if sized_on_gpu:
@@ -88,6 +91,8 @@ class LLMEngine:
             self.runner.capture_decode_graphs(num_blocks)   # no step runs more sequences than there are blocks
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, Detokenizer] = {}
+        self._prompt_logprobs: dict[str, list[TokenLogprob]] = {}   # scored so far, until the first output
+        self._forks: dict[str, list[Request]] = {}    # forks held until their parent's prompt is computed
         self._ids = itertools.count()
         self._step = 0
         self.step_listeners: list[Callable[[StepRecord], None]] = []
@@ -144,17 +149,37 @@ class LLMEngine:
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
         self._check_fits(ids, params)
+        outside = [t for t, _ in params.logit_bias if t >= self.model_config.vocab_size]
+        if outside:
+            raise InvalidRequestError(f"logit_bias names token id {outside[0]}, outside the vocabulary "
+                                      f"[0, {self.model_config.vocab_size})", "logit_bias")
         return Request(request_id or f"req-{next(self._ids)}", ids, params, arrival_time or time.monotonic(),
                        slo=slo or DEFAULT_CLASS, cache_salt=cache_salt)
 
+    def fork(self, request: Request, n: int) -> list[Request]:
+        """`request` and n - 1 copies that follow it: queued, each copy waits until `request`'s prompt is
+        computed, then finds its full blocks in the prefix cache and computes only what is past them (the
+        last partial block), so the prompt is prefilled once (n > 1 and best_of). A seeded request's copy i
+        draws with seed + i."""
+        p = request.params
+        copies = [Request(f"{request.request_id}-{i}", request.prompt_token_ids,
+                          p if p.seed is None else replace(p, seed=p.seed + i), request.arrival_time,
+                          slo=request.slo, cache_salt=request.cache_salt, follows=request.request_id)
+                  for i in range(1, n)]
+        return [request, *copies]
+
     def enqueue(self, request: Request) -> str:
-        """Queue a request made by make_request (on the thread that steps the engine)."""
+        """Queue a request made by make_request or fork (on the thread that steps the engine)."""
         request_id = request.request_id
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         self.requests[request_id] = request
         self._detokenizers[request_id] = Detokenizer(self.tokenizer, request.params.stop)
-        self.scheduler.add(request)
+        parent = self.requests.get(request.follows) if request.follows else None
+        if parent is not None and parent.num_output_tokens == 0 and not parent.is_finished:
+            self._forks.setdefault(parent.request_id, []).append(request)
+        else:
+            self.scheduler.add(request)
         for listener in self.arrival_listeners:
             listener(request)
         return request_id
@@ -194,9 +219,15 @@ class LLMEngine:
         request = self.requests.get(request_id)
         if request is None or request.is_finished:
             return False
+        held = self._forks.get(request.follows or "", [])
+        if request in held:              # never queued: nothing to release but its place among the forks
+            held.remove(request)
+            self.scheduler.add(request)
         self._finish(request, reason)
+        self._release_forks(request_id)
         self.requests.pop(request_id)
         self._detokenizers.pop(request_id)
+        self._prompt_logprobs.pop(request_id, None)
         return True
 
     def has_unfinished(self) -> bool:
@@ -239,22 +270,34 @@ class LLMEngine:
             return [self._fail(s.request) for s in result.scheduled]
         self.scheduler.commit(result)
         self.last_logits = out.logits
+        for request_id, scored in out.prompt_logprobs.items():
+            self._prompt_logprobs.setdefault(request_id, []).extend(scored)
         now = time.monotonic()
         self.scheduler.error_budget.observe(sampling, now)
         gaps = token_gaps(sampling, now)
-        outputs = [self._append_or_fail(r, out.tokens[r.request_id], now) for r in sampling]
+        outputs = [self._append_or_fail(r, out.tokens[r.request_id], now, out.logprobs.get(r.request_id))
+                   for r in sampling]
+        for r in sampling:
+            if r.num_output_tokens == 1 or r.is_finished:    # its prompt is in the KV: its forks may go
+                self._release_forks(r.request_id)
         self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing, gaps)
         return outputs
 
-    def _append_or_fail(self, request: Request, token: int, now: float) -> RequestOutput:
+    def _release_forks(self, parent_id: str) -> None:
+        for fork in self._forks.pop(parent_id, ()):
+            self.scheduler.add(fork)
+
+    def _append_or_fail(self, request: Request, token: int, now: float,
+                        logprob: TokenLogprob | None = None) -> RequestOutput:
         try:
-            return self._append(request, token, now)
+            return self._append(request, token, now, logprob)
         except Exception:
             log.exception("request %s failed while processing its output", request.request_id)
             return self._fail(request)
 
     def _fail(self, request: Request) -> RequestOutput:
         self._finish(request, FinishReason.ERROR)
+        self._release_forks(request.request_id)
         return self._output(request, [])
 
     def _banned(self, request: Request) -> tuple[int, ...]:
@@ -263,7 +306,7 @@ class LLMEngine:
             return ()
         return p.stop_token_ids + (() if p.ignore_eos else self.eos_token_ids)
 
-    def _append(self, request: Request, token: int, now: float) -> RequestOutput:
+    def _append(self, request: Request, token: int, now: float, logprob: TokenLogprob | None = None) -> RequestOutput:
         request.output_token_ids.append(token)
         t = request.timings
         t.first_token = t.first_token or now
@@ -276,7 +319,7 @@ class LLMEngine:
             reason = FinishReason.STOP
         if reason is not None:
             self._finish(request, reason)
-        return self._output(request, [token])
+        return self._output(request, [token], (logprob,) if logprob is not None else ())
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
         p = request.params
@@ -296,17 +339,20 @@ class LLMEngine:
             for listener in self.finish_listeners:
                 listener(record)
 
-    def _output(self, request: Request, new_tokens: list[int]) -> RequestOutput:
+    def _output(self, request: Request, new_tokens: list[int],
+                logprobs: tuple[TokenLogprob, ...] = ()) -> RequestOutput:
         detok = self._detokenizers[request.request_id]
         finished = request.status is RequestStatus.FINISHED
         delta = detok.delta(final=finished)
+        scored = self._prompt_logprobs.pop(request.request_id, None) if request.scores_prompt else None
         if finished:  # the engine keeps no finished request: its caller has the final output
             self.requests.pop(request.request_id, None)
             self._detokenizers.pop(request.request_id, None)
+            self._prompt_logprobs.pop(request.request_id, None)
         return RequestOutput(request.request_id, new_tokens, delta, detok.text, list(request.output_token_ids),
                              request.num_prompt_tokens, finished,
                              request.finish_reason.value if request.finish_reason else None,
-                             request.cache.cached_tokens)
+                             request.cache.cached_tokens, logprobs, None if scored is None else tuple(scored))
 
     def _emit_record(self, result: ScheduleResult, num_sampled: int, start: float, duration: float,
                      schedule_s: float, timing: StepTiming, gaps: tuple[float, ...]) -> None:
@@ -336,7 +382,8 @@ def step_record(step: int, result: ScheduleResult, scheduler: Scheduler, num_sam
         prepare_s=timing.prepare_s, forward_s=timing.forward_s, sample_s=timing.sample_s,
         schedule_s=schedule_s, policy=result.policy, knobs_version=result.knobs.version, token_gaps=gaps,
         prefix_cache_queries=result.cache.queries, prefix_cache_hits=result.cache.hits,
-        prefix_cache_evictions=result.cache.evictions, prefix_cache_blocks=result.cache.cached_blocks)
+        prefix_cache_evictions=result.cache.evictions, prefix_cache_blocks=result.cache.cached_blocks,
+        head_rows=result.num_sampled)
 
 
 def request_record(request: Request) -> RequestRecord:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,7 +20,9 @@ from engine.model.cpu_decode import CpuDecodeLayers
 from engine.model.transformer import LlamaForCausalLM, local_rotary
 from engine.kernels.quantized_linear import (QuantizedEmbedding, QuantizedLinear, QuantizedPath, QuantizedTensor, QuantKernels,
                                      load_kernels, measure_crossover)
-from engine.sampler import Sampler
+from engine.logit_rows import LogitRows, plan_logit_rows
+from engine.logprobs import TokenLogprob, token_logprobs
+from engine.sampler import Sampler, SampleRow
 from engine.scheduling.scheduler import ScheduledRequest
 
 if TYPE_CHECKING:
@@ -41,12 +43,15 @@ class StepOutput:
     tokens: dict[str, int]        # request_id -> its new token, for requests that sampled
     logits: torch.Tensor | None   # [sampling rows, vocab] when asked for (tests)
     timing: StepTiming
+    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)          # for the requests that ask
+    prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)   # this step's prompt positions
 
 
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype, device: str, num_blocks: int,
                  block_size: int, max_model_len: int, attention_backend: str = "auto", seed: int = 0,
-                 kv_dtype: torch.dtype | None = None, kv_groups: KvGroups | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None, kv_groups: KvGroups | None = None,
+                 logprobs_mode: str = "raw") -> None:
         self.config = checkpoint.config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -64,7 +69,7 @@ class ModelRunner:
             log.warning("attention backend %r has no sliding window: %s runs on the torch backend",
                         self.attention.name, c.name)
             self.attention = TorchAttention(c.attention_scale)
-        self.sampler = Sampler(seed, self.device)
+        self.sampler = Sampler(seed, self.device, logprobs_mode)
         self.decode_graphs: DecodeGraphs | None = None
 
     @property
@@ -172,25 +177,45 @@ class ModelRunner:
             meta = self._step_metadata(layout, [list(t) for t in zip(*(s.request.group_tables for s in scheduled))]
                                        if self.kv_groups else None)
             to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-            logits_indices = (layout.query_starts + layout.query_lens - 1)[sampling]
+            rows = plan_logit_rows(scheduled, layout.query_starts, sampling)
         t1 = time.perf_counter()
         if graphs is not None:
             logits = graphs.replay(input_ids, layout)
             if len(sampling) < layout.num_seqs:
                 logits = logits[torch.from_numpy(sampling).to(self.device)]
+            rows = None
         else:
-            logits = self.model(to(input_ids), to(layout.positions()), to(logits_indices),
+            logits = self.model(to(input_ids), to(layout.positions()), to(rows.positions),
                                 self.attention, self.kv_cache, meta)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)   # kernels run asynchronously: forward_s times them to the end
         t2 = time.perf_counter()
+        prompt_logprobs = self._prompt_logprobs(logits, rows, scheduled) if rows and rows.prompt_spans else {}
+        if rows is not None and rows.prompt_spans:
+            logits = logits[torch.from_numpy(rows.sample_rows).to(self.device)]
         requests = [scheduled[i].request for i in sampling]
         ids = [r.request_id for r in requests]
-        picks = self.sampler.sample(logits.clone() if return_logits else logits, ids,
-                                    [r.params for r in requests], banned or [()] * len(requests))
+        banned = banned or [()] * len(requests)
+        picked = self.sampler.sample(logits.clone() if return_logits else logits,
+                                     [SampleRow(r.request_id, r.params, b, r.prompt_token_ids, r.output_token_ids)
+                                      for r, b in zip(requests, banned)])
         t3 = time.perf_counter()
-        return StepOutput(dict(zip(ids, picks)), logits.cpu() if return_logits else None,
-                          StepTiming(t1 - t0, t2 - t1, t3 - t2))
+        logprobs = {rid: lp for rid, lp in zip(ids, picked.logprobs) if lp is not None}
+        return StepOutput(dict(zip(ids, picked.tokens)), logits.cpu() if return_logits else None,
+                          StepTiming(t1 - t0, t2 - t1, t3 - t2), logprobs, prompt_logprobs)
+
+    @staticmethod
+    def _prompt_logprobs(logits: torch.Tensor, rows: LogitRows,
+                         scheduled: list[ScheduledRequest]) -> dict[str, list[TokenLogprob]]:
+        """Each asking request's logprobs of the prompt tokens this step's positions score."""
+        found = {}
+        for span in rows.prompt_spans:
+            request = scheduled[span.request_index].request
+            part = logits[span.first_row:span.first_row + len(span.targets)]
+            targets = torch.tensor(span.targets, device=logits.device, dtype=torch.long)
+            found[request.request_id] = token_logprobs(torch.log_softmax(part.float(), dim=-1), targets,
+                                                       [request.params.prompt_logprobs] * len(span.targets))
+        return found
 
     @torch.inference_mode()
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.logprobs import TokenLogprob
+
 
 @dataclass(frozen=True)
 class RequestOutput:
@@ -16,6 +18,8 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None     # "stop", "length", "abort", "error"
     num_cached_tokens: int = 0    # prompt tokens whose KV its admission found in the prefix cache
+    logprobs: tuple[TokenLogprob, ...] = ()          # one per new token, where the request asks for logprobs
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None   # its prompt tokens after the first, with its first output
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class StepRecord:
     prefix_cache_hits: int = 0        # ... of them found in the prefix cache
     prefix_cache_evictions: int = 0   # cached blocks reused for other content this step
     prefix_cache_blocks: int = 0      # blocks holding findable content after scheduling (0: caching off)
+    head_rows: int = 0                # rows through the LM head: the sampled ones plus prompt positions scored
+                                      # for prompt logprobs (0 in records made before it was counted)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,42 @@
-"""Next-token choice for a batch of rows: greedy, or temperature / top-k / top-p sampling.
+"""Next-token choice for a batch of rows, in one order for everything that shapes a row's distribution:
 
-Greedy rows take one vectorised argmax. Sampled rows share one batched filter pass and draw with
-the exponential-race trick (argmax of p / E, E ~ Exp(1)), so a per-request seed only needs its own
-noise vector from its own generator.
+1. the mask: tokens a row may not pick yet (min_tokens keeps its stop tokens out);
+2. logit bias, then repetition, frequency and presence penalties (vectorised over the rows that set them);
+3. logprobs, where a row asks: from the model's raw logits (`logprobs_mode="raw"`, vLLM's default) or from
+   the logits after steps 1-2 (`"processed"`), before temperature and truncation either way;
+4. temperature, then top-k, top-p and min-p;
+5. the draw: greedy rows take one vectorised argmax; sampled rows draw with the exponential-race trick
+   (argmax of p / E, E ~ Exp(1)), so a seeded request needs only its own noise vector from its own
+   generator, one draw per token it emits: its tokens do not depend on how the step was shaped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
+from engine.logprobs import TokenLogprob, token_logprobs
 from engine.sampling_params import SamplingParams
+
+LOGPROBS_MODES = ("raw", "processed")
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """What the sampler needs of one request: its parameters, its mask, and its tokens (for penalties)."""
+    request_id: str
+    params: SamplingParams
+    banned: tuple[int, ...] = ()
+    prompt_ids: Sequence[int] = ()
+    output_ids: Sequence[int] = ()
+
+
+@dataclass(frozen=True)
+class SampledTokens:
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None]     # per row; None where the row asked for none
 
 
 class Sampler:
@@ -17,8 +44,11 @@ class Sampler:
     machine, copying and sampling 128k-vocabulary rows on its CPU added ~4.6 ms per temperature-1 row to a
     decode step (64 rows: 306 ms; docs/gpu.md)."""
 
-    def __init__(self, seed: int | None = None, device: str | torch.device = "cpu") -> None:
+    def __init__(self, seed: int | None = None, device: str | torch.device = "cpu", logprobs_mode: str = "raw") -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
         self.device = torch.device(device)
+        self.logprobs_mode = logprobs_mode
         self._generator = torch.Generator(device=self.device)
         if seed is not None:
             self._generator.manual_seed(seed)
@@ -27,23 +57,38 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
 
-    def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams],
-               banned: list[tuple[int, ...]]) -> list[int]:
-        """logits: [rows, vocab] float32 on the sampler's device (changed in place where tokens are banned);
-        banned: per row, token ids it may not pick yet."""
-        for row, ids in enumerate(banned):
-            if ids:
-                logits[row, list(ids)] = float("-inf")
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampledTokens:
+        """logits: [rows, vocab] float32 on the sampler's device, changed in place."""
+        asking = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        raw = self._log_softmax(logits, asking) if asking and self.logprobs_mode == "raw" else None
+        for row, r in enumerate(rows):
+            if r.banned:
+                logits[row, list(r.banned)] = float("-inf")
+        shaping = [i for i, r in enumerate(rows) if r.params.shapes_logits]
+        if shaping:
+            apply_bias_and_penalties(logits, shaping, rows)
+        if asking and raw is None:
+            raw = self._log_softmax(logits, asking)
         tokens = logits.argmax(dim=-1)
-        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
         if sampled:
-            rows = torch.tensor(sampled, device=logits.device)
-            picks = self._sample_rows(logits[rows], [request_ids[i] for i in sampled], [params[i] for i in sampled])
-            tokens[rows] = picks
-        return tokens.tolist()
+            index = torch.tensor(sampled, device=logits.device)
+            tokens[index] = self._sample_rows(logits[index], [rows[i] for i in sampled])
+        logprobs: list[TokenLogprob | None] = [None] * len(rows)
+        if asking:
+            found = token_logprobs(raw, tokens[torch.tensor(asking, device=logits.device)],
+                                   [rows[i].params.logprobs for i in asking])
+            for i, lp in zip(asking, found):
+                logprobs[i] = lp
+        return SampledTokens(tokens.tolist(), logprobs)
 
-    def _sample_rows(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> torch.Tensor:
+    @staticmethod
+    def _log_softmax(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        return torch.log_softmax(logits[torch.tensor(rows, device=logits.device)].float(), dim=-1)
+
+    def _sample_rows(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         device = logits.device
+        params = [r.params for r in rows]
         temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
         logits = logits / temperature
         if any(p.top_k > 0 for p in params):
@@ -51,7 +96,9 @@ class Sampler:
         if any(p.top_p < 1.0 for p in params):
             logits = _top_p(logits, torch.tensor([p.top_p for p in params], device=device))
         probs = torch.softmax(logits, dim=-1)
-        noise = torch.stack([self._noise(rid, p, probs.shape[1]) for rid, p in zip(request_ids, params)])
+        if any(p.min_p > 0 for p in params):
+            probs = _min_p(probs, torch.tensor([p.min_p for p in params], device=device))
+        noise = torch.stack([self._noise(r.request_id, r.params, probs.shape[1]) for r in rows])
         return (probs / noise).argmax(dim=-1)
 
     def _noise(self, request_id: str, params: SamplingParams, size: int) -> torch.Tensor:
@@ -62,6 +109,46 @@ class Sampler:
                 generator = torch.Generator(device=self.device).manual_seed(params.seed)
                 self._request_generators[request_id] = generator
         return torch.empty(size, device=self.device).exponential_(generator=generator)
+
+
+def apply_bias_and_penalties(logits: torch.Tensor, shaping: list[int], rows: list[SampleRow]) -> None:
+    """Logit bias, then the repetition penalty over prompt and output tokens (vLLM's and HF's: positive
+    logits divided by it, negative ones multiplied), then frequency and presence penalties over the output
+    tokens (OpenAI's: minus frequency x count, minus presence once), in place for the rows in `shaping`."""
+    device, vocab = logits.device, logits.shape[1]
+    for i in shaping:
+        bias = rows[i].params.logit_bias
+        if bias:
+            ids = torch.tensor([t for t, _ in bias if t < vocab], device=device, dtype=torch.long)
+            logits[i, ids] += torch.tensor([b for t, b in bias if t < vocab], device=device, dtype=logits.dtype)
+    index = torch.tensor(shaping, device=device)
+    shaped = logits[index]
+    params = [rows[i].params for i in shaping]
+    if any(p.repetition_penalty != 1 for p in params):
+        seen = _presence(shaped, [list(rows[i].prompt_ids) + list(rows[i].output_ids) for i in shaping])
+        penalty = torch.tensor([p.repetition_penalty for p in params], device=device).unsqueeze(1)
+        scaled = torch.where(shaped > 0, shaped / penalty, shaped * penalty)
+        shaped = torch.where(seen, scaled, shaped)
+    if any(p.frequency_penalty != 0 or p.presence_penalty != 0 for p in params):
+        counts = _counts(shaped, [rows[i].output_ids for i in shaping])
+        frequency = torch.tensor([p.frequency_penalty for p in params], device=device).unsqueeze(1)
+        presence = torch.tensor([p.presence_penalty for p in params], device=device).unsqueeze(1)
+        shaped = shaped - frequency * counts - presence * (counts > 0)
+    logits[index] = shaped
+
+
+def _counts(logits: torch.Tensor, token_lists: list[Sequence[int]]) -> torch.Tensor:
+    """[rows, vocab]: how often each token occurs in each row's list."""
+    counts = torch.zeros_like(logits)
+    for row, tokens in enumerate(token_lists):
+        if tokens:
+            ids = torch.tensor(list(tokens), device=logits.device, dtype=torch.long)
+            counts[row].index_add_(0, ids, torch.ones(len(ids), device=logits.device, dtype=logits.dtype))
+    return counts
+
+
+def _presence(logits: torch.Tensor, token_lists: list[Sequence[int]]) -> torch.Tensor:
+    return _counts(logits, token_lists) > 0
 
 
 def _top_k(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
@@ -79,3 +166,9 @@ def _top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     drop = (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Zero the tokens under min_p x the row's top probability (the top token always stays)."""
+    floor = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)
+    return probs.masked_fill(probs < floor, 0.0)

@@ -43,7 +43,7 @@ from operator import attrgetter
 from policies.knobs import Knobs
 from policies.plan import BatchPlan
 from policies.step_builder import StepBuilder
-from policies.step_shape import WindowedShape, samples, shape_functions
+from policies.step_shape import WindowedShape, head_rows, shape_functions
 from policies.view import SchedulerView, SequenceState, StepCost, remaining_tokens
 
 UNBOUNDED = math.inf
@@ -89,14 +89,14 @@ class StepTime:
     def with_chunk(self, seq: SequenceState, n: int) -> float:
         """The step's predicted time if `seq` also gets an `n`-token prefill chunk."""
         c = seq.num_computed_tokens
-        return self.cost.predict_counts(self.prefill + n, self.decode, self.sampled + samples(n, c, seq.num_tokens),
+        return self.cost.predict_counts(self.prefill + n, self.decode, self.sampled + head_rows(n, c, seq),
                                         self.context + self.context_tokens(n, c),
                                         self.pairs + self.attended_pairs(n, c), self.seqs + 1)
 
     def add_chunk(self, seq: SequenceState, n: int) -> None:
         c = seq.num_computed_tokens
         self.prefill += n
-        self.sampled += samples(n, c, seq.num_tokens)
+        self.sampled += head_rows(n, c, seq)
         self.context += self.context_tokens(n, c)
         self.pairs += self.attended_pairs(n, c)
         self.seqs += 1

@@ -59,3 +59,13 @@ def samples(n: int, c: int, num_tokens: int) -> bool:
     """Whether the chunk reaches the request's last known token (of `num_tokens`, prompt and outputs
     so far), so the step samples a new token for it."""
     return c + n == num_tokens
+
+
+def head_rows(n: int, c: int, seq) -> int:
+    """Rows the LM head computes for an `n`-token chunk of `seq` from position `c`: one if it samples,
+    plus, for a request that scores its prompt (prompt logprobs), each prompt position the chunk covers
+    whose next token is a prompt token (engine/logit_rows.py)."""
+    rows = int(c + n == seq.num_tokens)
+    if seq.scores_prompt:
+        rows += max(0, min(c + n, seq.num_prompt_tokens - 1) - c)
+    return rows

@@ -39,6 +39,8 @@ class SequenceState(Protocol):
     def last_token_time(self) -> float | None: ...
     @property
     def spare_long_gaps(self) -> int: ...        # long gaps its own TBT percentile can still absorb
+    @property
+    def scores_prompt(self) -> bool: ...         # it asks for prompt logprobs: its chunks run the LM head per position
 
 
 class KvPages(Protocol):

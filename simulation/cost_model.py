@@ -58,7 +58,7 @@ class StepShape:
 
     @staticmethod
     def of(record: StepRecord) -> StepShape:
-        return StepShape(record.num_prefill_tokens, record.num_decode_tokens, record.num_sampled,
+        return StepShape(record.num_prefill_tokens, record.num_decode_tokens, record.head_rows or record.num_sampled,
                          record.context_tokens, record.attended_pairs,
                          record.num_prefill_seqs + record.num_decode_tokens)
 

@@ -224,7 +224,7 @@ class Simulator:
             if self.step_listeners:   # a record only for someone who reads it
                 record = StepRecord(**(fields | {
                     "step": self.num_steps - 1, "start": start, "duration_s": duration, "forward_s": duration,
-                    "num_decode_tokens": batch, "num_sampled": batch, "num_running": len(running),
+                    "num_decode_tokens": batch, "num_sampled": batch, "head_rows": batch, "num_running": len(running),
                     "kv_usage": self.blocks.usage, "context_tokens": context, "attended_pairs": pairs,
                     "token_gaps": (gap,) * batch}))
                 for listener in self.step_listeners:

@@ -48,7 +48,7 @@ class ModelCost:
     def step_flops(self, r: StepRecord) -> float:
         s = self.shape
         tokens = r.num_prefill_tokens + r.num_decode_tokens
-        linear = 2 * tokens * s.linear_params + 2 * r.num_sampled * s.head_params
+        linear = 2 * tokens * s.linear_params + 2 * (r.head_rows or r.num_sampled) * s.head_params
         return float(linear + s.attention_flops_per_pair() * r.attended_pairs)
 
     def step_bytes(self, r: StepRecord) -> float:

@@ -67,7 +67,9 @@ class Request:
     # (the simulator's requests without shared content are not, to skip hashing them), its cache state
     cache_salt: str | None = None
     cacheable: bool = True
+    follows: str | None = None                   # a fork of this request: admitted once its prompt is in the KV
     cache: PrefixState = field(init=False)
+    scores_prompt: bool = field(init=False)      # prompt logprobs: every prompt position computed and scored
 
     def __post_init__(self) -> None:
         self.timings = RequestTimings(self.arrival_time)
@@ -77,6 +79,9 @@ class Request:
         self.tbt_target_s = self.slo.tbt_s
         self.tbt_tolerance = 1.0 - self.slo.tbt_percentile / 100.0
         self.cache = PrefixState()
+        self.scores_prompt = self.params.prompt_logprobs is not None
+        if self.scores_prompt:          # a cached block's positions would never be computed, so never scored
+            self.cacheable = False
 
     # -- the read-only view policies see (policies.view.SequenceState) --
     @property

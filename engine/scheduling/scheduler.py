@@ -21,7 +21,7 @@ from engine.scheduling.error_budget import ErrorBudget
 from engine.scheduling.request import FinishReason, Request, RequestStatus
 from policies import DEFAULT_POLICY, BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
-from policies.step_shape import WindowedShape, samples, shape_functions
+from policies.step_shape import WindowedShape, head_rows, samples, shape_functions
 from policies.view import StepCost, is_decode_work
 
 
@@ -64,7 +64,8 @@ class ScheduleResult:
     num_tokens: int = 0
     context_tokens: int = 0             # tokens attended to (KV read), summed over sequences
     attended_pairs: int = 0             # (query, key) pairs: each new token sees the context and the chunk up to itself
-    num_sampled: int = 0                # sequences whose chunk reaches their last token: they yield a token
+    num_sampled: int = 0                # rows through the LM head: chunks reaching their last token (they yield a
+                                        # token) plus prompt positions scored for prompt logprobs (head_rows)
     cache: CacheStep = NO_CACHE_STEP
 
     @staticmethod
@@ -83,7 +84,7 @@ class ScheduleResult:
             tokens += n
             context += context_tokens(n, c)
             pairs += attended_pairs(n, c)
-            sampled += samples(n, c, num_prompt + len(request.output_token_ids))
+            sampled += head_rows(n, c, request)
         scheduled[:] = decodes + others
         return ScheduleResult(scheduled, num_preempted, knobs, policy, len(decodes), tokens, context, pairs, sampled,
                               cache or NO_CACHE_STEP)
