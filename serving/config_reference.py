@@ -117,7 +117,7 @@ def render_default_yaml() -> str:
         elif f.name == "slo_classes":
             lines.append("# slo_classes: configs/slo_classes.yaml   # the shipped classes")
         else:
-            lines.append(f"{f.name}: {yaml_value(f.default)}")
+            lines.append(f"{f.name}: {yaml_value(default_of(Settings, f.name))}")
     return "\n".join(lines) + "\n"
 
 

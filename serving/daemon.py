@@ -12,6 +12,7 @@ from engine.scheduling.error_budget import ErrorBudget
 from engine.llm_engine import LLMEngine
 from serving.admin_api import add_admin_routes
 from serving.api_server import ServerState, build_app
+from serving.auth import install_auth
 from serving.daemon_config import DaemonConfig
 from serving.daemon_telemetry import DaemonTelemetry
 from serving.http_server import drain, serve
@@ -67,6 +68,7 @@ def build_daemon(config: DaemonConfig) -> Daemon:
     tuner = make_tuner(config, telemetry)
     state = ServerState(config.api, engine_loader(config, telemetry, tuner))
     app = build_app(state, extra_routes(telemetry, tuner, config.metric_labels))
+    install_auth(app, config.auth_config())
     return Daemon(config, telemetry, tuner, state, app)
 
 
@@ -112,7 +114,7 @@ def run_daemon(config: DaemonConfig) -> None:
     tuner = make_tuner(config, telemetry)
     try:
         serve(engine_loader(config, telemetry, tuner), config.api, config.host, config.port, config.grace_s,
-              extra_routes(telemetry, tuner, config.metric_labels))
+              extra_routes(telemetry, tuner, config.metric_labels), config.auth_config())
     finally:
         if tuner:
             tuner.stop()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.engine_config import EngineConfig
 from serving.api_server import ApiConfig
+from serving.auth import AuthConfig
 from engine.slo_class import SloClass
 
 
@@ -27,3 +28,7 @@ class DaemonConfig:
     tuner_storage: str | None = None          # an Optuna storage shared with other daemons (None: state_dir's SQLite)
     tuner_owner: str | None = None            # this daemon's name there (a cluster's replica name)
     metric_labels: dict[str, str] = field(default_factory=dict)   # on every /metrics sample (replica="...")
+    auth: AuthConfig | None = None            # keys, tenants, CORS (None: api.api_key alone guards /v1 and /admin)
+
+    def auth_config(self) -> AuthConfig:
+        return self.auth if self.auth is not None else AuthConfig.from_api_key(self.api.api_key)

@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from serving.api_server import ApiConfig, ServerState, build_app
+from serving.auth import AuthConfig, install_auth
 from engine.errors import EngineFailed, ModelLoadError
 from engine.llm_engine import LLMEngine
 
@@ -29,8 +30,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_bind(host: str, auth: AuthConfig) -> None:
+    """Anything but loopback is reachable by others: it needs a client key on the API."""
+    if not is_loopback(host) and not auth.client_keys:
+        raise ValueError(f"binding {host} (not loopback) needs a client API key: set api_key or api_keys_file "
+                         "in the config, --api-key or AUTOTUNED_SERVE_API_KEY")
+
+
 def make_app(state: ServerState, grace_s: float,
-             extra_routes: Callable[[FastAPI, ServerState], None] | None = None) -> FastAPI:
+             extra_routes: Callable[[FastAPI, ServerState], None] | None = None,
+             auth: AuthConfig | None = None) -> FastAPI:
+    """The app under uvicorn; `auth` (None: the API config's one key) guards its paths (serving/auth.py)."""
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         state.start_loading()
@@ -38,6 +48,7 @@ def make_app(state: ServerState, grace_s: float,
         drain(state, grace_s)
 
     app = build_app(state, extra_routes)
+    install_auth(app, auth if auth is not None else AuthConfig.from_api_key(state.config.api_key))
     app.router.lifespan_context = lifespan
     return app
 
@@ -59,12 +70,11 @@ def drain(state: ServerState, grace_s: float) -> None:
 
 
 def serve(load_engine: Callable[[], LLMEngine], api: ApiConfig, host: str, port: int, grace_s: float,
-          extra_routes: Callable[[FastAPI, ServerState], None] | None = None) -> None:
-    if not is_loopback(host) and not api.api_key:
-        raise ValueError(f"binding {host} (not loopback) needs an API key for /admin: set api_key in the config "
-                         "or AUTOTUNED_SERVE_API_KEY")
+          extra_routes: Callable[[FastAPI, ServerState], None] | None = None, auth: AuthConfig | None = None) -> None:
+    auth = auth if auth is not None else AuthConfig.from_api_key(api.api_key)
+    check_bind(host, auth)
     state = ServerState(api, load_engine)
-    app = make_app(state, grace_s, extra_routes)
+    app = make_app(state, grace_s, extra_routes, auth)
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=int(grace_s), log_level="info")
     DrainingServer(config, state).run()
     if state.load_error:

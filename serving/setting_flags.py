@@ -8,7 +8,7 @@ from dataclasses import Field, fields
 
 from policies.knobs import KNOB_SPECS, Knobs
 from engine.slo_class import SloClass
-from serving.settings import KNOB_FLAGS, SLO_FLAGS, Settings, default_of, flags, value_type
+from serving.settings import KNOB_FLAGS, SLO_FLAGS, Settings, default_of, flags, repeatable, value_type
 
 SETTINGS: dict[str, Field] = {f.name: f for f in fields(Settings)}
 DAEMON_URL = f"http://{SETTINGS['host'].default}:{SETTINGS['port'].default}"   # where clients find a default daemon
@@ -23,6 +23,10 @@ def add_setting_flag(p: argparse.ArgumentParser, name: str, *, override: bool = 
         state = "on by default; this flag turns it off" if f.default else "off by default"
         p.add_argument(flags(f)[0], dest=name, action="store_const", const=not f.default,
                        default=default, help=f"{f.metadata['help']} ({state})")
+        return
+    if repeatable(f):   # each use adds one value (None: none given, the file's or the default list stands)
+        p.add_argument(flags(f)[0], dest=name, type=value_type(f), action="append",
+                       default=None if override else list(default_of(Settings, name)), help=f.metadata["help"])
         return
     shown = "" if f.default is None else f" (default {f.default})"   # the help says what null means
     p.add_argument(flags(f)[0], type=value_type(f), default=default, choices=f.metadata["choices"] or None,

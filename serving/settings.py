@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from serving.api_server import ApiConfig
+from serving.auth import AuthConfig, AuthError, Key, load_keys_file, merge_keys, parse_keys
 from serving.daemon_config import DaemonConfig
 from engine.engine_config import EngineConfig
 from engine.llm_engine import DEFAULT_MAX_MODEL_LEN
@@ -92,9 +93,24 @@ class Settings:
     slo: dict[str, float] = setting("the default SLO class's targets (ttft_s, tbt_s); keys left out keep "
                                     "slo_classes' values", factory=dict)
     slo_classes: str = setting("YAML file of the SLO classes requests may name", default=str(SHIPPED_SLO_CLASSES))
-    host: str = owned(DaemonConfig, "host", "bind address; any other than loopback needs api_key")
+    host: str = owned(DaemonConfig, "host", "bind address; any other than loopback needs a client key (api_key "
+                      "or api_keys_file)")
     port: int = owned(DaemonConfig, "port", "port")
-    api_key: str | None = owned(ApiConfig, "api_key", "key for /admin (null: AUTOTUNED_SERVE_API_KEY)")
+    api_key: str | list[str] | None = owned(ApiConfig, "api_key", "client API key, or a list of them (repeat "
+                                            "the flag): once any client key is set, /v1, /tokenize and "
+                                            "/detokenize need `Authorization: Bearer KEY`, and so does /admin "
+                                            "unless admin_api_key is set (null: AUTOTUNED_SERVE_API_KEY, several "
+                                            "comma-separated)")
+    api_keys_file: str | None = setting("YAML file of more client keys, each naming an optional tenant and SLO "
+                                        "class: `{keys: [{key: ..., tenant: team-a, slo_class: batch}]}`; a "
+                                        "tenant's requests share prefix-cache blocks only with each other, and "
+                                        "take its slo_class unless they name one")
+    admin_api_key: str | None = setting("the key that alone opens /admin (a client key there: 403); null: "
+                                        "AUTOTUNED_SERVE_ADMIN_API_KEY, and when that is unset too any client key "
+                                        "opens /admin")
+    protect_metrics: bool = setting("/metrics needs a client key or the admin key", default=False)
+    allowed_origins: list[str] = setting("browser origins allowed by CORS (`*`: any; repeat the flag for several); "
+                                         "none: no CORS headers", factory=list)
     max_waiting: int = owned(ApiConfig, "max_waiting", "queued requests beyond this are answered 429 with "
                              "Retry-After")
     max_body_bytes: int = owned(ApiConfig, "max_body_bytes", "largest request body accepted")
@@ -152,13 +168,32 @@ class Settings:
         return DaemonConfig(self.engine_config(), self.api_config(served_model_name), self.host, self.port,
                             self.grace_s, self.slo_values(), self.peak_flops, self.peak_bandwidth, tune=self.tune,
                             state_dir=self.state_dir, calibrate=self.calibrate,
-                            calibration_budget_s=self.calibration_budget_s, **extra)
+                            calibration_budget_s=self.calibration_budget_s, auth=self.auth_config(), **extra)
 
     def api_config(self, served_model_name: str) -> ApiConfig:
         return ApiConfig(served_model_name=served_model_name, max_waiting=self.max_waiting,
                          max_body_bytes=self.max_body_bytes, default_max_tokens=self.default_max_tokens,
-                         api_key=self.api_key or os.environ.get("AUTOTUNED_SERVE_API_KEY"),
+                         api_key=next((k.key for k in self.auth_config().client_keys), None),
                          slo_classes=self.slo_class_values(), engine_stall_s=self.engine_stall_s or None)
+
+    def client_keys(self) -> list[str]:
+        """`api_key`'s keys, else AUTOTUNED_SERVE_API_KEY's (comma-separated)."""
+        try:
+            return (parse_keys(self.api_key) or
+                    parse_keys(os.environ.get("AUTOTUNED_SERVE_API_KEY"), comma_separated=True))
+        except AuthError as e:
+            raise SettingsError(f"api_key: {e}") from e
+
+    def auth_config(self) -> AuthConfig:
+        """The client keys (api_key's and api_keys_file's), the admin key, /metrics' guard and CORS."""
+        try:
+            keys = [Key(k) for k in self.client_keys()]
+            if self.api_keys_file:
+                keys += load_keys_file(self.api_keys_file)
+            admin = self.admin_api_key or os.environ.get("AUTOTUNED_SERVE_ADMIN_API_KEY", "").strip() or None
+            return AuthConfig(merge_keys(keys), admin, self.protect_metrics, tuple(self.allowed_origins))
+        except AuthError as e:
+            raise SettingsError(str(e)) from e
 
     def validate(self) -> "Settings":
         try:
@@ -171,7 +206,8 @@ class Settings:
         self._check_device()
         self.knob_values()
         self.slo_values()
-        self.slo_class_values()
+        classes = self.slo_class_values()
+        self._check_auth(classes)
         for name in ("port", "max_waiting", "block_size", "max_token_budget", "max_model_len", "num_kv_blocks",
                      "max_body_bytes", "default_max_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -183,6 +219,18 @@ class Settings:
         if not self.calibration_budget_s > 0:
             raise SettingsError("calibration_budget_s must be positive (--no-calibrate skips the calibration)")
         return self
+
+    def _check_auth(self, classes: SloClasses) -> None:
+        if any(not isinstance(o, str) or not o for o in self.allowed_origins):
+            raise SettingsError("allowed_origins must be a list of origins (https://host[:port]) or `*`")
+        auth = self.auth_config()
+        for key in auth.client_keys:
+            try:
+                classes.get(key.tenant.slo_class)
+            except ValueError as e:
+                raise SettingsError(f"api_keys_file: {e}") from e
+        if self.protect_metrics and not auth.enabled:
+            raise SettingsError("protect_metrics needs a client key (api_key, api_keys_file) or admin_api_key")
 
     def _check_device(self) -> None:
         import re
@@ -213,7 +261,12 @@ def flags(f: dataclasses.Field) -> list[str]:
 def value_type(f: dataclasses.Field) -> type:
     """What a flag's text is parsed as: the field's type, without None."""
     base = next(part.strip() for part in str(f.type).split("|") if part.strip() != "None")
-    return {"int": int, "float": float, "str": str, "bool": bool}[base]
+    return {"int": int, "float": float, "str": str, "bool": bool, "list[str]": str}[base]
+
+
+def repeatable(f: dataclasses.Field) -> bool:
+    """A list setting: its flag may be given several times."""
+    return "list[" in str(f.type)
 
 
 def load_settings(path: str | None, overrides: dict[str, Any]) -> Settings:
@@ -251,7 +304,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
 def _type_ok(annotation: str, value: Any) -> bool:
     if value is None:
         return "None" in annotation
-    checks = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict}
+    checks = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict, "list": list}
     bases = [part.strip().split("[")[0] for part in annotation.split("|")]
     if isinstance(value, bool) and "bool" not in bases:
         return False

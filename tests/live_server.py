@@ -35,10 +35,11 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 60) -> Non
             time.sleep(0.1)
 
 
-def stream_completion(url: str, chunks: list[dict]) -> None:
+def stream_completion(url: str, chunks: list[dict], api_key: str | None = None) -> None:
     """A 300-token streamed completion of the tiny model, its chunks appended as they come."""
     body = {"prompt": "w5 w6", "max_tokens": 300, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
         chunks.extend(json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {"))
 
 

@@ -95,7 +95,7 @@ def test_sigterm_as_the_unit_sends_it_lets_the_request_in_flight_finish_and_exit
     try:
         wait_healthy(proc, url)
         chunks: list[dict] = []
-        client = threading.Thread(target=stream_completion, args=(url, chunks))
+        client = threading.Thread(target=stream_completion, args=(url, chunks, env["AUTOTUNED_SERVE_API_KEY"]))
         client.start()
         while not chunks and client.is_alive():
             time.sleep(0.005)

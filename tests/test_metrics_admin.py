@@ -45,7 +45,7 @@ def server(tiny_hf):
         return engine
 
     with LiveServer(load, api, extra_routes(telemetry)) as s:
-        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0)
         for i in range(4):
             client.completions.create(model="tiny", prompt=f"w{5 + i} w6 w7", max_tokens=6,
                                       extra_body={"ignore_eos": True})
@@ -70,7 +70,8 @@ def test_state_gauges_are_read_when_scraped(server):
     """A client that goes away mid-stream is aborted between steps: its KV is freed with no step after it
     to record that, and a drained daemon must not go on showing it in use (the soak reads KV after its drain)."""
     body = {"model": "tiny", "prompt": "w8 w9", "max_tokens": 200, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body) as r:
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=auth) as r:
         next(r.iter_lines())
     deadline = time.monotonic() + 10
     while server.state.loop.num_unfinished:
@@ -99,7 +100,7 @@ def test_admin_sets_knobs_and_policy_and_rejects_bad_ones(server):
     assert bad.status_code == 400 and "token_budget" in bad.json()["error"]["message"]
     bad = httpx.post(server.url + "/admin/scheduler", headers=auth, json={"policy": "nope"})
     assert bad.status_code == 400
-    openai.OpenAI(base_url=server.url + "/v1", api_key="x").completions.create(model="tiny", prompt="w5", max_tokens=2)
+    openai.OpenAI(base_url=server.url + "/v1", api_key=KEY).completions.create(model="tiny", prompt="w5", max_tokens=2)
     state = httpx.get(server.url + "/admin/scheduler", headers=auth).json()
     assert state["policy"] == "adaptive" and state["knobs"]["token_budget"] == 48
     text = httpx.get(server.url + "/metrics").text
@@ -194,7 +195,7 @@ def test_nvml_missing_degrades_to_cpu(caplog):
 
 
 def test_slo_class_labels_reach_metrics(server):
-    openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0).completions.create(
+    openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0).completions.create(
         model="tiny", prompt="w5 w6", max_tokens=3, extra_body={"ignore_eos": True, "slo_class": "batch"})
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
 
