@@ -168,14 +168,23 @@ def _make_request(state: ServerState, loop: EngineLoop, body: SamplingFields, pr
             if 0 < prompt_len < max_len and params.max_tokens > max_len - prompt_len:
                 params = body.model_copy(update={"max_tokens": max_len - prompt_len}).sampling_params(0)
         return loop.engine.make_request(prompt, params, f"cmpl-{uuid.uuid4().hex}", slo=slo,
-                                        cache_salt=body.cache_salt)
+                                        cache_salt=_cache_salt(body, http))
     except InvalidRequestError as e:
         raise ApiError(400, str(e), param=e.param) from e
 
 
+def _cache_salt(body: SamplingFields, http: HttpRequest) -> str | None:
+    """The body's `cache_salt` within the API key's tenant (serving/auth.py): no tenant reaches another's blocks."""
+    tenant = getattr(http.state, "tenant", None)
+    return tenant.cache_salt(body.cache_salt) if tenant is not None else body.cache_salt
+
+
 def _slo_class(classes: SloClasses, body: SamplingFields, http: HttpRequest) -> SloClass:
-    """The body's `slo_class` (the openai client's extra_body), else the X-SLO-Class header, else the default."""
-    name = body.slo_class if body.slo_class is not None else http.headers.get("x-slo-class")
+    """The body's `slo_class` (the openai client's extra_body), else the X-SLO-Class header, else the API key's
+    (serving/auth.py), else the default."""
+    tenant = getattr(http.state, "tenant", None)
+    default = tenant.slo_class if tenant is not None else None
+    name = body.slo_class if body.slo_class is not None else http.headers.get("x-slo-class", default)
     try:
         return classes.get(name)
     except ValueError as e:
