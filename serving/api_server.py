@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -26,6 +26,8 @@ from serving.engine_loop import EngineLoop, QueueFullError
 from engine.errors import EngineError, EngineFailed, InvalidRequestError
 from engine.llm_engine import LLMEngine
 from serving.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
+from serving.choices import Choice, kept, usage
+from serving.logprobs_format import ReplyLogprobs
 from serving.request_fields import note_ignored
 from serving.tokenize_api import add_tokenize_routes
 from engine.outputs import RequestOutput
@@ -133,8 +135,9 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: HttpRequest):
         loop = state.require_loop()
-        request = _make_request(state, loop, body, body.prompt_input(), http)
-        return await _respond(http, loop, request, body, state.config.served_model_name, chat=False)
+        prompts = body.prompts()
+        groups = [loop.engine.fork(_make_request(state, loop, body, prompt, http), body.candidates) for prompt in prompts]
+        return await _respond(http, loop, groups, prompts, body, state.config.served_model_name, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest):
@@ -143,8 +146,8 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
             prompt = loop.engine.tokenizer.apply_chat_template([m.as_template_input() for m in body.messages])
         except Exception as e:
             raise ApiError(400, f"cannot apply the chat template: {e}", param="messages") from e
-        request = _make_request(state, loop, body, prompt, http)
-        return await _respond(http, loop, request, body, state.config.served_model_name, chat=True)
+        group = loop.engine.fork(_make_request(state, loop, body, prompt, http), body.candidates)
+        return await _respond(http, loop, [group], [prompt], body, state.config.served_model_name, chat=True)
 
     add_tokenize_routes(app, state)          # POST /tokenize, /detokenize (serving/tokenize_api.py)
     if extra_routes:
@@ -162,6 +165,8 @@ def _make_request(state: ServerState, loop: EngineLoop, body: SamplingFields, pr
     note_ignored(body.ignored_fields, loop.engine)   # fields with no effect: logged once, counted
     try:
         params = body.sampling_params(state.config.default_max_tokens)
+        if body.candidates > body.n and params.logprobs is None:   # best_of ranks by cumulative logprob
+            params = replace(params, logprobs=0)
         max_len = loop.engine.max_model_len
         if body.max_tokens is None:   # like OpenAI: the default shrinks to what the context allows
             prompt_len = len(prompt) if isinstance(prompt, list) else len(loop.engine.tokenizer.encode(prompt))
@@ -191,99 +196,127 @@ def _slo_class(classes: SloClasses, body: SamplingFields, http: HttpRequest) -> 
         raise ApiError(400, str(e), param="slo_class", code="unknown_slo_class") from e
 
 
-async def _outputs(http: HttpRequest, loop: EngineLoop, request: Request) -> AsyncIterator[RequestOutput]:
-    """The request's outputs as they come; aborts it if the client goes away first."""
+async def _outputs(http: HttpRequest, loop: EngineLoop, requests: list[Request]
+                   ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Each request's outputs as they come, with its position in `requests`; aborts the unfinished ones if
+    the client goes away first (or a later one cannot be queued: then 429 for the lot)."""
     aloop = asyncio.get_running_loop()
-    queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+    submitted: list[Request] = []
+    unfinished: set[int] = set()
     try:
-        loop.submit(request, lambda out: aloop.call_soon_threadsafe(queue.put_nowait, out))
+        for i, request in enumerate(requests):
+            loop.submit(request, lambda out, i=i: aloop.call_soon_threadsafe(queue.put_nowait, (i, out)))
+            submitted.append(request)
+            unfinished.add(i)
+        while unfinished:
+            try:
+                i, out = await asyncio.wait_for(queue.get(), timeout=1.0)
+            except TimeoutError:
+                if await http.is_disconnected():
+                    return
+                continue
+            if out.finished:
+                unfinished.discard(i)
+            yield i, out
     except QueueFullError as e:
         raise ApiError(429, str(e), "rate_limit_error", code="queue_full",
                        headers={"Retry-After": str(1)}) from e
     except EngineFailed as e:
         raise engine_failed(str(e)) from e
-    finished = False
-    try:
-        while not finished:
-            try:
-                out = await asyncio.wait_for(queue.get(), timeout=1.0)
-            except TimeoutError:
-                if await http.is_disconnected():
-                    return
-                continue
-            finished = out.finished
-            yield out
     finally:
-        if not finished:
-            loop.abort(request.request_id)
+        for i in unfinished:
+            loop.abort(requests[i].request_id)
 
 
-async def _respond(http: HttpRequest, loop: EngineLoop, request: Request, body: SamplingFields, model: str,
-                   chat: bool):
-    outputs = _outputs(http, loop, request)
+async def _respond(http: HttpRequest, loop: EngineLoop, groups: list[list[Request]], prompts: list, body: SamplingFields,
+                   model: str, chat: bool):
+    """The reply to `groups` (per prompt, its candidates: n, or best_of), whole or streamed."""
+    tokenizer = loop.engine.tokenizer
+    choices = [Choice(p * body.n + j, p, r,
+                      ReplyLogprobs(tokenizer, r, chat, _echo_text(body, prompts[p], r, loop, chat), body.wants_logprobs))
+               for p, group in enumerate(groups) for j, r in enumerate(group)]
+    outputs = _outputs(http, loop, [c.request for c in choices])
     first = await anext(outputs)          # raises 429 here, before any byte is sent
+    reply_id = groups[0][0].request_id
     if body.stream:
-        return StreamingResponse(_sse(first, outputs, request, body, model, chat), media_type="text/event-stream")
-    last = first
-    async for out in outputs:
-        last = out
-    if last.finish_reason == "error":
+        return StreamingResponse(_sse(first, outputs, reply_id, body, model, chat, choices),
+                                 media_type="text/event-stream")
+    out: tuple[int, RequestOutput] | None = first
+    while out is not None:
+        choices[out[0]].add(out[1])
+        out = await anext(outputs, None)
+    if any(c.last is None or c.last.finish_reason == "error" for c in choices):
         raise ApiError(500, "generation failed for this request", "server_error", code="internal_error")
-    usage = _usage_of(last)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+    response = {"id": reply_id, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": model,
+                "choices": [_whole_choice(c, chat) for c in kept(choices, body.n)], "usage": usage(choices)}
+    if chat and choices[0].request.scores_prompt:     # vLLM's extension: per reply for chat, per choice otherwise
+        response["prompt_logprobs"] = choices[0].reply.prompt_logprobs
+    return response
+
+
+def _whole_choice(c: Choice, chat: bool) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": c.index, "finish_reason": c.last.finish_reason, "logprobs": c.reply.take()}
     if chat:
-        choice["message"] = {"role": "assistant", "content": last.text}
+        choice["message"] = {"role": "assistant", "content": c.last.text}
     else:
-        choice["text"] = last.text
-    return {"id": request.request_id, "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice], "usage": usage}
+        choice["text"] = c.reply.echo + c.last.text
+        if c.request.scores_prompt:
+            choice["prompt_logprobs"] = c.reply.prompt_logprobs
+    return choice
 
 
-async def _sse(first: RequestOutput, rest: AsyncIterator[RequestOutput], request: Request, body: SamplingFields,
-               model: str, chat: bool) -> AsyncIterator[str]:
+def _echo_text(body: SamplingFields, prompt: str | list[int], request: Request, loop: EngineLoop, chat: bool) -> str:
+    """The prompt, which a completions reply with `echo` repeats before its text ("" otherwise)."""
+    if chat or not getattr(body, "echo", False):
+        return ""
+    return prompt if isinstance(prompt, str) else loop.engine.tokenizer.decode(request.prompt_token_ids)
+
+
+async def _sse(first: tuple[int, RequestOutput], rest: AsyncIterator[tuple[int, RequestOutput]], reply_id: str,
+               body: SamplingFields, model: str, chat: bool, choices: list[Choice]) -> AsyncIterator[str]:
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
-        data: dict[str, Any] = {"id": request.request_id, "object": kind, "created": created, "model": model,
-                                "choices": choices}
+    def chunk(parts: list[dict[str, Any]], usage_: dict[str, Any] | None = None) -> str:
+        data: dict[str, Any] = {"id": reply_id, "object": kind, "created": created, "model": model, "choices": parts}
         if body.include_usage:
-            data["usage"] = usage
+            data["usage"] = usage_
         return f"data: {json.dumps(data)}\n\n"
 
     try:
-        async for line in _sse_lines(first, rest, chunk, chat, body.include_usage):
+        async for line in _sse_lines(first, rest, chunk, chat, body.include_usage, choices):
             yield line
-    finally:  # a client that went away closes us; close the output stream so it aborts the request
+    finally:  # a client that went away closes us; close the output stream so it aborts the requests
         await rest.aclose()
     yield "data: [DONE]\n\n"
 
 
-async def _sse_lines(first: RequestOutput, rest: AsyncIterator[RequestOutput], chunk: Callable[..., str],
-                     chat: bool, include_usage: bool) -> AsyncIterator[str]:
-    if chat:
-        yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-    last = first
-    out: RequestOutput | None = first
-    while out is not None:
-        last = out
+async def _sse_lines(first: tuple[int, RequestOutput], rest: AsyncIterator[tuple[int, RequestOutput]],
+                     chunk: Callable[..., str], chat: bool, include_usage: bool,
+                     choices: list[Choice]) -> AsyncIterator[str]:
+    item: tuple[int, RequestOutput] | None = first
+    while item is not None:
+        c, out = choices[item[0]], item[1]
         if out.finish_reason == "error":
             yield f"data: {json.dumps(error_body('generation failed for this request', 'server_error'))}\n\n"
             break
-        if out.text_delta or out.finished:
-            payload = {"delta": {"content": out.text_delta} if out.text_delta else {}} if chat \
-                else {"text": out.text_delta}
-            yield chunk([{"index": 0, **payload, "logprobs": None, "finish_reason": out.finish_reason}])
-        out = await anext(rest, None)
+        c.add(out)
+        opening = c.opens()
+        if chat and opening:
+            yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        prefix = c.reply.echo if opening else ""     # a completion with echo streams its prompt first
+        if out.text_delta or out.finished or prefix:
+            text = prefix + out.text_delta
+            payload = {"delta": {"content": text} if text else {}} if chat else {"text": text}
+            part = {"index": c.index, **payload, "logprobs": c.reply.take(), "finish_reason": out.finish_reason}
+            if opening and c.request.scores_prompt:     # vLLM's extension, once, with the first chunk
+                part["prompt_logprobs"] = c.reply.prompt_logprobs
+            yield chunk([part])
+        item = await anext(rest, None)
     if include_usage:
-        yield chunk([], _usage_of(last))
-
-
-def _usage_of(out: RequestOutput) -> dict[str, Any]:
-    completion = len(out.token_ids)
-    return {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": completion,
-            "total_tokens": out.num_prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens}}
+        yield chunk([], usage(choices))
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.errors import InvalidRequestError
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+
+MAX_CHOICES = 16           # n and best_of: each choice is a sequence in the engine
+MAX_PROMPTS = 64           # prompts in one /v1/completions request
 from serving import request_fields
 from serving.request_fields import Rule, field_error
 
@@ -69,9 +72,9 @@ class SamplingFields(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _single_choice(cls, n: int) -> int:
-        if n != 1:    # the one place n is restricted
-            raise ValueError("only n=1 is supported; send separate requests for more choices")
+    def _choices_within_bound(cls, n: int) -> int:
+        if not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"n must be between 1 and {MAX_CHOICES}")
         return n
 
     @field_validator("logit_bias")
@@ -109,21 +112,38 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def candidates(self) -> int:
+        """Sequences generated per prompt."""
+        return self.n
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether replies carry logprobs (a best_of ranking computes them either way)."""
+        return self.sampling_params(1).logprobs is not None
+
 
 class CompletionRequest(SamplingFields):
     OPENAI_FIELDS: ClassVar[dict[str, Rule]] = request_fields.COMPLETION_FIELDS
 
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)   # top-N per generated token
     echo: bool = False                  # the reply starts with the prompt
     best_of: int | None = None
 
-    @field_validator("best_of")
-    @classmethod
-    def _single_candidate(cls, best_of: int | None) -> int | None:
-        if best_of is not None and best_of != 1:    # the one place best_of is restricted
-            raise ValueError("only best_of=1 is supported")
-        return best_of
+    @model_validator(mode="after")
+    def _best_of_covers_n(self) -> CompletionRequest:
+        if self.best_of is not None and not self.n <= self.best_of <= MAX_CHOICES:
+            raise field_error(type(self).__name__, "best_of", f"best_of must be between n ({self.n}) and "
+                              f"{MAX_CHOICES}", self.best_of)
+        if self.stream and self.candidates > self.n:
+            raise field_error(type(self).__name__, "best_of", "best_of above n cannot be streamed", self.best_of)
+        return self
+
+    @property
+    def candidates(self) -> int:
+        """Sequences generated per prompt: best_of, else n."""
+        return self.best_of or self.n
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
         prompt_logprobs = self.prompt_logprobs
@@ -131,13 +151,14 @@ class CompletionRequest(SamplingFields):
             prompt_logprobs = self.logprobs
         return self.logprobs, prompt_logprobs
 
-    def prompt_input(self) -> str | list[int]:
-        if isinstance(self.prompt, list) and self.prompt and all(isinstance(p, str) for p in self.prompt):
-            if len(self.prompt) != 1:
-                raise InvalidRequestError("a batch of prompts is not supported; send one prompt per request",
-                                          "prompt")
-            return self.prompt[0]
-        return self.prompt
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each a string or token ids: one, or a batch (a list of strings or of id lists)."""
+        batch = isinstance(self.prompt, list) and bool(self.prompt) and all(isinstance(p, (str, list))
+                                                                              for p in self.prompt)
+        prompts = list(self.prompt) if batch else [self.prompt]
+        if len(prompts) > MAX_PROMPTS:
+            raise InvalidRequestError(f"a batch holds at most {MAX_PROMPTS} prompts", "prompt")
+        return prompts
 
 
 class TextPart(BaseModel):

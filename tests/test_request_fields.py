@@ -239,9 +239,9 @@ def test_chat_logprobs_and_top_logprobs(fields, logprobs):
     ("completions", {"frequency_penalty": -3}, "frequency_penalty"),
     ("completions", {"repetition_penalty": 0}, "repetition_penalty"),
     ("chat", {"min_p": 1.5}, "min_p"),
-    ("completions", {"n": 2}, "n"),
-    ("chat", {"n": 3}, "n"),
-    ("completions", {"best_of": 2}, "best_of"),
+    ("completions", {"n": 17}, "n"),
+    ("chat", {"n": 0}, "n"),
+    ("completions", {"n": 3, "best_of": 2}, "best_of"),
 ])
 def test_bad_sampling_values_are_400s_naming_the_field(server, endpoint, fields, param):
     r = post(server, endpoint, **fields)
