@@ -20,6 +20,7 @@ from serving.api_server import ApiConfig
 from serving.auth import AuthConfig, AuthError, Key, load_keys_file, merge_keys, parse_keys
 from serving.daemon_config import DaemonConfig
 from engine.engine_config import EngineConfig
+from engine.sampler import LOGPROBS_MODES
 from engine.llm_engine import DEFAULT_MAX_MODEL_LEN
 from engine.slo_class import CONFIG as SHIPPED_SLO_CLASSES, SloClass, SloClasses
 from policies import POLICIES, Knobs, get_policy
@@ -86,6 +87,9 @@ class Settings:
     hybrid_kv_cache: bool = owned(EngineConfig, "hybrid_kv_cache", "a model with sliding-window layers (Gemma 3) "
                                   "gives their KV pages back as each request's window passes; false: every layer "
                                   "keeps every block")
+    logprobs_mode: str = owned(EngineConfig, "logprobs_mode", "the distribution logprobs report: raw (the model's "
+                               "logits, as vLLM by default) or processed (after logit_bias and penalties, before "
+                               "temperature)", LOGPROBS_MODES)
     policy: str = owned(EngineConfig, "policy", "scheduling policy (`autotuned-serve policies` lists them); "
                         "deadline sizes each step to the running requests' TBT slack", tuple(POLICIES))
     knobs: dict[str, Any] = setting("knob values overriding their defaults (`autotuned-serve policies` lists each "
@@ -137,7 +141,7 @@ class Settings:
                             kv_cache_dtype=self.kv_cache_dtype,
                             max_model_len=self.max_model_len, policy=self.policy, knobs=self.knob_values(),
                             max_token_budget=self.max_token_budget, enable_prefix_caching=self.prefix_caching,
-                            hybrid_kv_cache=self.hybrid_kv_cache)
+                            hybrid_kv_cache=self.hybrid_kv_cache, logprobs_mode=self.logprobs_mode)
 
     def knob_values(self) -> Knobs:
         try:
