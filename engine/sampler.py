@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.logprobs import TokenLogprob, token_logprobs
+from engine.logprobs import LogprobSnapshot, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 LOGPROBS_MODES = ("raw", "processed")
@@ -60,31 +60,34 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampledTokens:
         """logits: [rows, vocab] float32 on the sampler's device, changed in place."""
         asking = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-        raw = self._log_softmax(logits, asking) if asking and self.logprobs_mode == "raw" else None
+        changing = {i for i, r in enumerate(rows) if r.banned or r.params.shapes_logits}
+        # a step whose rows all ask and are all greedy takes its tokens from the logprobs' top-1: one pass less
+        top_is_pick = bool(asking) and len(asking) == len(rows) and all(r.params.greedy for r in rows) and \
+            (not changing or self.logprobs_mode == "processed")
+        k = max((rows[i].params.logprobs for i in asking), default=0) or int(top_is_pick)
+        snapshot = None
+        if asking and self.logprobs_mode == "raw":
+            snapshot = LogprobSnapshot.take(logits, asking, k, changing)
         for row, r in enumerate(rows):
             if r.banned:
                 logits[row, list(r.banned)] = float("-inf")
         shaping = [i for i, r in enumerate(rows) if r.params.shapes_logits]
         if shaping:
             apply_bias_and_penalties(logits, shaping, rows)
-        if asking and raw is None:
-            raw = self._log_softmax(logits, asking)
-        tokens = logits.argmax(dim=-1)
+        if asking and snapshot is None:
+            snapshot = LogprobSnapshot.take(logits, asking, k, set())
+        tokens = snapshot.top_ids[:, 0].clone() if top_is_pick else logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
         if sampled:
             index = torch.tensor(sampled, device=logits.device)
             tokens[index] = self._sample_rows(logits[index], [rows[i] for i in sampled])
+        chosen = tokens.tolist()
         logprobs: list[TokenLogprob | None] = [None] * len(rows)
         if asking:
-            found = token_logprobs(raw, tokens[torch.tensor(asking, device=logits.device)],
-                                   [rows[i].params.logprobs for i in asking])
+            found = snapshot.entries(logits, [chosen[i] for i in asking], [rows[i].params.logprobs for i in asking])
             for i, lp in zip(asking, found):
                 logprobs[i] = lp
-        return SampledTokens(tokens.tolist(), logprobs)
-
-    @staticmethod
-    def _log_softmax(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        return torch.log_softmax(logits[torch.tensor(rows, device=logits.device)].float(), dim=-1)
+        return SampledTokens(chosen, logprobs)
 
     def _sample_rows(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         device = logits.device

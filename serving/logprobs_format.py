@@ -3,21 +3,39 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from engine.logprobs import TokenLogprob
 from engine.model.tokenizer import Tokenizer
 
 
-CONTEXT_TOKENS = 4      # tokens before one that decide how it reads (a leading space, a byte sequence)
+CONTEXT_TOKENS = 1      # the token before one decides how it reads (a leading space a lone decode drops)
+
+
+@lru_cache(maxsize=None)
+def _texts(tokenizer: Tokenizer) -> dict[tuple[int, bool], str]:
+    return {}
 
 
 def token_text(tokenizer: Tokenizer, token_id: int, before: list[int] = ()) -> str:
-    """The text `token_id` adds after the tokens `before` (their last few): what it contributes to the reply's
-    text, leading space included, which decoding it alone can drop."""
-    context = list(before[-CONTEXT_TOKENS:])
-    return tokenizer.decode(context + [token_id])[len(tokenizer.decode(context)):] if context else \
-        tokenizer.decode([token_id])
+    """The text `token_id` adds to a reply: alone at its start, else after any other token (decoded once
+    after a fixed neighbour and cached, so a reply's tokens join to its text, leading spaces included,
+    at a dictionary lookup each)."""
+    key = (token_id, bool(before))
+    cache = _texts(tokenizer)
+    text = cache.get(key)
+    if text is not None:
+        return text
+    if not before:
+        text = cache[key] = tokenizer.decode([token_id])
+        return text
+    anchor = tokenizer.decode([before[-1]])
+    pair = tokenizer.decode([before[-1], token_id])
+    if "\ufffd" in anchor or not pair.startswith(anchor):    # a byte sequence split across tokens: not cacheable
+        return pair[len(anchor):] if pair.startswith(anchor) else tokenizer.decode([token_id])
+    text = cache[key] = pair[len(anchor):]
+    return text
 
 
 def completion_logprobs(tokenizer: Tokenizer, entries: list[tuple[int, TokenLogprob | None]],
