@@ -220,8 +220,8 @@ class LLMEngine:
         if request is None or request.is_finished:
             return False
         held = self._forks.get(request.follows or "", [])
-        if request in held:              # never queued: nothing to release but its place among the forks
-            held.remove(request)
+        if any(fork is request for fork in held):   # never queued: only its place among the forks to give up
+            held[:] = [fork for fork in held if fork is not request]
             self.scheduler.add(request)
         self._finish(request, reason)
         self._release_forks(request_id)

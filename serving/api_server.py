@@ -202,12 +202,10 @@ async def _outputs(http: HttpRequest, loop: EngineLoop, requests: list[Request]
     the client goes away first (or a later one cannot be queued: then 429 for the lot)."""
     aloop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
-    submitted: list[Request] = []
     unfinished: set[int] = set()
     try:
         for i, request in enumerate(requests):
             loop.submit(request, lambda out, i=i: aloop.call_soon_threadsafe(queue.put_nowait, (i, out)))
-            submitted.append(request)
             unfinished.add(i)
         while unfinished:
             try:

@@ -103,3 +103,16 @@ def test_n_forks_prefill_the_prompt_once_and_share_its_blocks(tiny_hf):
     assert prefilled <= len(prompt) + 3 * 16                            # the prompt once, then each fork's tail
     one_sequence = -(-(len(prompt) + 1) // 16)
     assert held_after_prefill is not None and held_after_prefill <= 1.1 * one_sequence
+
+
+def test_a_fork_aborted_while_it_waits_leaves_nothing_behind(tiny_hf):
+    engine = make_engine(tiny_hf[0], num_kv_blocks=64, block_size=16)
+    group = engine.fork(engine.make_request(list(range(3, 60)), SamplingParams(temperature=0, max_tokens=3)), 3)
+    for request in group:
+        engine.enqueue(request)
+    assert engine.abort(group[1].request_id)              # held: it never reached the scheduler
+    finished = set()
+    while engine.has_unfinished():
+        finished |= {o.request_id for o in engine.step() if o.finished}
+    assert finished == {group[0].request_id, group[2].request_id}
+    assert_no_kv_leak(engine)
