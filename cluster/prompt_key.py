@@ -45,7 +45,8 @@ def _prompt_ids(path: str, data: Any, tokenizer: Tokenizer) -> list[int] | None:
         chat = ChatCompletionRequest.model_validate(data)
         prompt: str | list[int] = tokenizer.apply_chat_template([m.as_template_input() for m in chat.messages])
     elif path.endswith("/completions"):
-        prompt = CompletionRequest.model_validate(data).prompt_input()
+        prompts = CompletionRequest.model_validate(data).prompts()
+        prompt = prompts[0]     # a batch is keyed by its first prompt: the replica computes them all
     else:
         return None
     if isinstance(prompt, str):

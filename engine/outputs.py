@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from engine.logprobs import TokenLogprob
+if TYPE_CHECKING:          # a leaf imports nothing of the engine's at run time
+    from engine.logprobs import TokenLogprob
 
 
 @dataclass(frozen=True)
