@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from engine.logprobs import TokenLogprob
 from engine.model.tokenizer import Tokenizer
@@ -13,9 +13,11 @@ from engine.model.tokenizer import Tokenizer
 CONTEXT_TOKENS = 1      # the token before one decides how it reads (a leading space a lone decode drops)
 
 
-@lru_cache(maxsize=None)
+_TEXTS: WeakKeyDictionary = WeakKeyDictionary()     # tokenizer -> {(token id, after another token): its text}
+
+
 def _texts(tokenizer: Tokenizer) -> dict[tuple[int, bool], str]:
-    return {}
+    return _TEXTS.setdefault(tokenizer, {})
 
 
 def token_text(tokenizer: Tokenizer, token_id: int, before: list[int] = ()) -> str:
