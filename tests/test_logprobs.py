@@ -76,12 +76,10 @@ def test_scoring_a_prompt_computes_every_position_and_is_priced_as_head_rows(eng
     assert sum(r.head_rows for r in records) == len(PROMPT)      # 39 scored positions + the sampled one
 
 
-def test_n_forks_prefill_the_prompt_once_and_share_its_blocks(tiny_hf):
-    """Four choices of one 496-token prompt (the tiny model's context is 512): the prompt is computed once (the forks compute only the tokens
-    past its last full block), the pool holds at most 1.1x one sequence's blocks before decoding diverges,
-    and each fork draws from its own seed stream."""
-    engine = make_engine(tiny_hf[0], num_kv_blocks=256, block_size=16, token_budget=512)
-    prompt = [3 + (i * 7) % 90 for i in range(496)]
+def forks_share_one_prefill(engine, prompt: list[int]) -> None:
+    """Four choices of one prompt: the prompt is computed once (the forks compute only the tokens past its
+    last full block), the pool holds at most 1.1x one sequence's blocks before decoding diverges, and each
+    fork draws from its own seed stream."""
     params = SamplingParams(temperature=1.0, seed=11, max_tokens=6, ignore_eos=True)
     records = []
     engine.step_listeners.append(records.append)
@@ -100,9 +98,24 @@ def test_n_forks_prefill_the_prompt_once_and_share_its_blocks(tiny_hf):
     assert sorted(outs) == ["g", "g-1", "g-2", "g-3"] and all(len(t) == 6 for t in outs.values())
     assert len({tuple(t) for t in outs.values()}) > 1                  # their own seeds: not one choice four times
     prefilled = sum(r.num_prefill_tokens for r in records)
-    assert prefilled <= len(prompt) + 3 * 16                            # the prompt once, then each fork's tail
-    one_sequence = -(-(len(prompt) + 1) // 16)
+    block = engine.block_manager.block_size
+    assert prefilled <= len(prompt) + 3 * block                         # the prompt once, then each fork's tail
+    one_sequence = -(-(len(prompt) + 1) // block)
     assert held_after_prefill is not None and held_after_prefill <= 1.1 * one_sequence
+
+
+def test_n_forks_prefill_the_prompt_once_and_share_its_blocks(tiny_hf):
+    """496 tokens: the tiny model's context is 512."""
+    forks_share_one_prefill(make_engine(tiny_hf[0], num_kv_blocks=256, block_size=16, token_budget=512),
+                            [3 + (i * 7) % 90 for i in range(496)])
+
+
+@pytest.mark.slow
+def test_n_4_on_a_1000_token_prompt_of_the_bundled_model_prefills_it_once():
+    from engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine(EngineConfig(num_kv_blocks=512))
+    forks_share_one_prefill(engine, [100 + (i * 37) % 5000 for i in range(1000)])
 
 
 def test_a_fork_aborted_while_it_waits_leaves_nothing_behind(tiny_hf):
