@@ -21,8 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
+
 import results_file
-from server_health import wait_healthy
+from server_health import running
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,8 +42,6 @@ def daemon_cpus(args: argparse.Namespace) -> list[str]:
 def server_itl(url: str) -> tuple[float, float]:
     """(sum, count) of the daemon's own inter-token latency histogram: what its steps took while a
     generator ran, whatever that generator measures on its side."""
-    import httpx
-
     text = httpx.get(url + "/metrics").text
     total = count = 0.0
     for line in text.splitlines():
@@ -115,13 +115,8 @@ def main() -> None:
         work = Path(tmp)
         cmd = [*daemon_cpus(args), sys.executable, "-P", "-m", "serving.cli", "--port", str(args.port), "--state-dir",
                str(work / "state"), "--no-tune", *(["--model", args.model] if args.model else [])]
-        with open(work / "daemon.log", "w") as log:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{args.port}"
-        try:
-            if not wait_healthy(proc, url + "/health", 600, "the daemon", str(work / "daemon.log")):
-                raise RuntimeError("the daemon did not start")
-            import httpx
+        with running(cmd, url + "/health", work / "daemon.log", "the daemon", cwd=ROOT):
             model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
             before = server_itl(url)
             ours = our_bench(args, url, work)
@@ -130,11 +125,9 @@ def main() -> None:
             after = server_itl(url)
             ours["server_itl_mean_s"] = (between[0] - before[0]) / max(1, between[1] - before[1])
             theirs["server_itl_mean_s"] = (after[0] - between[0]) / max(1, after[1] - between[1])
-        finally:
-            proc.terminate()
-            proc.wait(60)
-    results_file.write(args.json, {"pinned": args.pin, "rate": args.rate, "requests": args.requests, "prompt_tokens": args.prompt_tokens,
-                                   "output_tokens": args.output_tokens, "bench": ours, "guidellm": theirs})
+    results_file.write(args.json, {"pinned": args.pin, "rate": args.rate, "requests": args.requests,
+                                   "prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
+                                   "bench": ours, "guidellm": theirs})
     print(render_doc([Path(args.json)]))
 
 

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import results_file
-from server_health import wait_healthy
+from server_health import running
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ROOT / "benchmarks" / "lm_eval_tasks"
@@ -47,20 +47,12 @@ def lm_eval(python: str, model: str, model_args: str, out: Path, extra: list[str
 def served_scores(cmd: list[str], port: int, name: str, args: argparse.Namespace, tokenizer: Path, work: Path,
                   tasks: tuple[str, ...]) -> dict[str, float]:
     """lm-eval's local-completions against the server `cmd` starts on `port`."""
-    log = work / f"{name}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        if not wait_healthy(proc, f"http://127.0.0.1:{port}/health", 600, name, str(log)):
-            raise RuntimeError(f"{name} did not start; see {log}")
+    with running(cmd, f"http://127.0.0.1:{port}/health", work / f"{name}.log", name, cwd=ROOT):
         model = Path(args.gguf).name.removesuffix(".gguf")
         return lm_eval(args.lm_eval_python, "local-completions",
                        f"model={model},base_url=http://127.0.0.1:{port}/v1/completions,"
                        f"tokenizer_backend=huggingface,tokenizer={tokenizer},num_concurrent=4,max_retries=1",
                        work / name, [], tasks)
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 def render_doc(paths: list[Path]) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import httpx
 
 import results_file
-from server_health import wait_healthy
+from server_health import running
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("plain", "top_logprobs_5")
@@ -74,22 +73,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as state:
         cmd = [sys.executable, "-P", "-m", "serving.cli", "--port", str(args.port), "--state-dir", state, "--no-tune",
                *(["--model", args.model] if args.model else [])]
-        log = Path(state) / "daemon.log"
-        with open(log, "w") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{args.port}"
-        try:
-            if not wait_healthy(proc, url + "/health", 600, "the daemon", str(log)):
-                raise RuntimeError(f"the daemon did not start; see {log}")
+        with running(cmd, url + "/health", Path(state) / "daemon.log", "the daemon", cwd=ROOT):
             asyncio.run(one_round(url, args.streams, 8, "plain"))             # warm-up, not counted
             medians: dict[str, list[float]] = {m: [] for m in MODES}
             for r in range(args.rounds):
                 for mode in (MODES if r % 2 == 0 else MODES[::-1]):
                     medians[mode].append(statistics.median(asyncio.run(one_round(url, args.streams, args.max_tokens,
                                                                                  mode))))
-        finally:
-            proc.terminate()
-            proc.wait(60)
     results_file.write(args.json, {"streams": args.streams, "rounds": args.rounds, "max_tokens": args.max_tokens,
                                    "model": args.model or "bundled", "median_tbt_s": medians})
     print(render_doc([Path(args.json)]))

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 
@@ -24,3 +27,18 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, name: str, 
             pass
         time.sleep(1)
     return False
+
+
+@contextmanager
+def running(cmd: list[str], health_url: str, log_path: str | Path, name: str, timeout_s: float = 600,
+            cwd: str | Path | None = None) -> Iterator[subprocess.Popen]:
+    """A server started from `cmd` (its output to `log_path`), once its /health says 200; stopped on exit."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        if not wait_healthy(proc, health_url, timeout_s, name, str(log_path)):
+            raise RuntimeError(f"{name} did not start within {timeout_s:.0f} s; see {log_path}")
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from engine.model.chat_template import builtin_template
 from serving.openai_protocol import ChatMessage, NullIsAbsent
