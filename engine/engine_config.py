@@ -39,6 +39,8 @@ class EngineConfig:
     logprobs_mode: str = "raw"          # logprobs from the model's raw logits (vLLM's default) or "processed":
                                         # after logit bias and penalties (engine/sampler.py's order)
     enable_prefix_caching: bool = True  # reuse the KV of prompt prefixes already in the pool (prefix_cache.py)
+    jump_forward: bool = True           # a constrained request's grammar-forced tokens join its output unsampled,
+                                        # computed as one chunk (engine/structured/grammar_state.py)
     # a model with sliding-window layers keeps its KV in pages per layer group, the sliding groups' pages given
     # back as each request's window passes (kv_groups.py; vLLM's hybrid KV cache manager); False: every layer
     # keeps every block, as a model without such layers

@@ -9,6 +9,7 @@ import logging
 import time
 from dataclasses import replace
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,15 +22,19 @@ from engine.errors import InvalidRequestError, ModelLoadError
 from engine.idle_memory import return_free_heap
 from engine.logprobs import TokenLogprob
 from engine.model_runner import ModelRunner, StepTiming
-from engine.outputs import RequestOutput, RequestRecord, StepRecord
+from engine.outputs import GrammarStep, RequestOutput, RequestRecord, StepRecord
 from engine.kv_cache.kv_groups import KvGroups, window_shape
 from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
 from engine.scheduling.request import FinishReason, Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduling.scheduler import ScheduleResult, Scheduler
+from engine.structured.step_masks import StepMasks
 from engine.slo_class import DEFAULT_CLASS, SloClass
 from engine.model.tokenizer import Tokenizer, load_tokenizer
 from policies import Knobs
+
+if TYPE_CHECKING:
+    from engine.structured.grammar_compiler import CompiledConstraint, GrammarCompiler
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +94,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs, shape=window_shape(mc))
         if on_gpu and config.cuda_graphs:
             self.runner.capture_decode_graphs(num_blocks)   # no step runs more sequences than there are blocks
+        self._grammars = None     # the GrammarCompiler, made on first use (engine/structured/)
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, Detokenizer] = {}
         self._prompt_logprobs: dict[str, list[TokenLogprob]] = {}   # scored so far, until the first output
@@ -142,10 +148,12 @@ class LLMEngine:
 
     def make_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                      request_id: str | None = None, arrival_time: float | None = None,
-                     slo: SloClass | None = None, cache_salt: str | None = None) -> Request:
+                     slo: SloClass | None = None, cache_salt: str | None = None,
+                     grammar: CompiledConstraint | None = None) -> Request:
         """Tokenize and validate; touches no engine state, so any thread may call it. `slo`: the
         request's SLO class (None: the default interactive targets); `cache_salt`: its tenant, whose
-        cached prefix blocks no other salt reuses."""
+        cached prefix blocks no other salt reuses; `grammar`: the constraint its output is held to,
+        compiled by `self.grammars` beforehand."""
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
         self._check_fits(ids, params)
@@ -154,7 +162,16 @@ class LLMEngine:
             raise InvalidRequestError(f"logit_bias names token id {outside[0]}, outside the vocabulary "
                                       f"[0, {self.model_config.vocab_size})", "logit_bias")
         return Request(request_id or f"req-{next(self._ids)}", ids, params, arrival_time or time.monotonic(),
-                       slo=slo or DEFAULT_CLASS, cache_salt=cache_salt)
+                       slo=slo or DEFAULT_CLASS, cache_salt=cache_salt,
+                       grammar=_grammar_state(grammar))
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles constraints on its own worker thread, with an LRU cache (engine/structured/)."""
+        if self._grammars is None:
+            from engine.structured.grammar_compiler import GrammarCompiler
+            self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        return self._grammars
 
     def fork(self, request: Request, n: int) -> list[Request]:
         """`request` and n - 1 copies that follow it: queued, each copy waits until `request`'s prompt is
@@ -164,7 +181,8 @@ class LLMEngine:
         p = request.params
         copies = [Request(f"{request.request_id}-{i}", request.prompt_token_ids,
                           p if p.seed is None else replace(p, seed=p.seed + i), request.arrival_time,
-                          slo=request.slo, cache_salt=request.cache_salt, follows=request.request_id)
+                          slo=request.slo, cache_salt=request.cache_salt, follows=request.request_id,
+                          grammar=request.grammar.copy() if request.grammar else None)
                   for i in range(1, n)]
         return [request, *copies]
 
@@ -183,6 +201,10 @@ class LLMEngine:
         for listener in self.arrival_listeners:
             listener(request)
         return request_id
+
+    def _encode_plain(self, text: str) -> list[int]:
+        plain = getattr(self.tokenizer, "encode_plain", None)
+        return plain(text) if plain is not None else self.tokenizer.encode(text)
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -263,8 +285,10 @@ class LLMEngine:
         if not result.scheduled:
             return []
         sampling = [s.request for s in result.scheduled if s.samples]
+        masks = StepMasks([r.grammar for r in sampling], self.model_config.vocab_size) \
+            if any(r.grammar is not None for r in sampling) else None
         try:
-            out = self.runner.execute(result.scheduled, [self._banned(r) for r in sampling], return_logits)
+            out = self.runner.execute(result.scheduled, [self._banned(r) for r in sampling], return_logits, masks)
         except Exception:  # the step's requests fail; the engine and every other request go on
             log.exception("step %d failed; failing its %d requests", self._step, len(result.scheduled))
             return [self._fail(s.request) for s in result.scheduled]
@@ -277,10 +301,12 @@ class LLMEngine:
         gaps = token_gaps(sampling, now)
         outputs = [self._append_or_fail(r, out.tokens[r.request_id], now, out.logprobs.get(r.request_id))
                    for r in sampling]
-        for r in sampling:
-            if r.num_output_tokens == 1 or r.is_finished:    # its prompt is in the KV: its forks may go
+        for r, o in zip(sampling, outputs):
+            if len(o.token_ids) == len(o.new_token_ids) or r.is_finished:   # its prompt is in the KV: forks may go
                 self._release_forks(r.request_id)
-        self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing, gaps)
+        grammar = GrammarStep(len(masks.rows) if masks else 0, out.timing.mask_s,
+                              sum(max(0, len(o.new_token_ids) - 1) for o in outputs))
+        self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing, gaps, grammar)
         return outputs
 
     def _release_forks(self, parent_id: str) -> None:
@@ -302,24 +328,47 @@ class LLMEngine:
 
     def _banned(self, request: Request) -> tuple[int, ...]:
         p = request.params
-        if request.num_output_tokens >= p.min_tokens:
+        if request.num_output_tokens >= p.min_tokens or request.grammar is not None:   # a grammar decides its end
             return ()
         return p.stop_token_ids + (() if p.ignore_eos else self.eos_token_ids)
 
     def _append(self, request: Request, token: int, now: float, logprob: TokenLogprob | None = None) -> RequestOutput:
+        """One emission: the sampled token, and the tokens its grammar forces after it (jump-forward)."""
         request.output_token_ids.append(token)
         t = request.timings
         t.first_token = t.first_token or now
         t.token_times.append(now)
-        detok = self._detokenizers[request.request_id]
+        new = [token]
         reason = self._stop_reason(request, token)
+        if request.grammar is not None:
+            reason, forced = self._follow_grammar(request, token, reason)
+            new += forced
+        detok = self._detokenizers[request.request_id]
         if reason is not FinishReason.STOP:  # a stop token is not part of the text
             detok.add(request.output_token_ids)
         if detok.stopped:
             reason = FinishReason.STOP
         if reason is not None:
             self._finish(request, reason)
-        return self._output(request, [token], (logprob,) if logprob is not None else ())
+        return self._output(request, new, (logprob,) if logprob is not None else ())
+
+    def _follow_grammar(self, request: Request, token: int,
+                        reason: FinishReason | None) -> tuple[FinishReason | None, list[int]]:
+        """The grammar takes the sampled token; a complete grammar ends the request (even with ignore_eos);
+        else the tokens it forces next join the output at once, to be computed as one chunk."""
+        grammar = request.grammar
+        if not grammar.accept(token):
+            raise RuntimeError(f"the grammar refused token {token}, which its mask allowed")
+        if grammar.terminated:
+            return FinishReason.STOP, []
+        if reason is not None or not self.config.jump_forward or request.params.logprobs is not None:
+            return reason, []
+        room = min(request.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens)
+        forced = grammar.forced_tokens(room, self._encode_plain)
+        request.output_token_ids.extend(forced)
+        if forced and (request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len):
+            return FinishReason.LENGTH, forced
+        return None, forced
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
         p = request.params
@@ -355,13 +404,20 @@ class LLMEngine:
                              request.cache.cached_tokens, logprobs, None if scored is None else tuple(scored))
 
     def _emit_record(self, result: ScheduleResult, num_sampled: int, start: float, duration: float,
-                     schedule_s: float, timing: StepTiming, gaps: tuple[float, ...]) -> None:
+                     schedule_s: float, timing: StepTiming, gaps: tuple[float, ...], grammar: GrammarStep) -> None:
         record = step_record(self._step, result, self.scheduler, num_sampled, start, duration, schedule_s, timing,
-                             gaps)
+                             gaps, grammar)
         self._step += 1
         self.last_record = record
         for listener in self.step_listeners:
             listener(record)
+
+
+def _grammar_state(compiled: CompiledConstraint | None):
+    if compiled is None:
+        return None
+    from engine.structured.grammar_state import GrammarState
+    return GrammarState(compiled)
 
 
 def token_gaps(sampling: list[Request], now: float) -> tuple[float, ...]:
@@ -370,7 +426,8 @@ def token_gaps(sampling: list[Request], now: float) -> tuple[float, ...]:
 
 
 def step_record(step: int, result: ScheduleResult, scheduler: Scheduler, num_sampled: int, start: float,
-                duration: float, schedule_s: float, timing: StepTiming, gaps: tuple[float, ...] = ()) -> StepRecord:
+                duration: float, schedule_s: float, timing: StepTiming, gaps: tuple[float, ...] = (),
+                grammar: GrammarStep = GrammarStep()) -> StepRecord:
     """The step's facts for telemetry (shared with the simulator, which predicts `timing`)."""
     decodes = result.num_decode_tokens
     return StepRecord(
@@ -383,7 +440,8 @@ def step_record(step: int, result: ScheduleResult, scheduler: Scheduler, num_sam
         schedule_s=schedule_s, policy=result.policy, knobs_version=result.knobs.version, token_gaps=gaps,
         prefix_cache_queries=result.cache.queries, prefix_cache_hits=result.cache.hits,
         prefix_cache_evictions=result.cache.evictions, prefix_cache_blocks=result.cache.cached_blocks,
-        head_rows=result.num_sampled)
+        head_rows=result.num_sampled, grammar_rows=grammar.rows, mask_s=grammar.mask_s,
+        forced_tokens=grammar.forced_tokens)
 
 
 def request_record(request: Request) -> RequestRecord:

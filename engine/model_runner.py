@@ -23,6 +23,7 @@ from engine.kernels.quantized_linear import (QuantizedEmbedding, QuantizedLinear
 from engine.logit_rows import LogitRows, plan_logit_rows
 from engine.logprobs import TokenLogprob, token_logprobs
 from engine.sampler import Sampler, SampleRow
+from engine.structured.step_masks import StepMasks
 from engine.scheduling.scheduler import ScheduledRequest
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class StepTiming:
     prepare_s: float
     forward_s: float
     sample_s: float
+    mask_s: float = 0.0           # grammar masks filled (on a worker, during the forward pass)
 
 
 @dataclass(frozen=True)
@@ -168,8 +170,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest], banned: list[tuple[int, ...]] | None = None,
-                return_logits: bool = False) -> StepOutput:
-        """Run one step. `banned[i]` lists tokens the i-th *sampling* request may not pick (min_tokens)."""
+                return_logits: bool = False, masks: StepMasks | None = None) -> StepOutput:
+        """Run one step. `banned[i]` lists tokens the i-th *sampling* request may not pick (min_tokens);
+        `masks`: the grammar masks of the constrained sampling rows, being filled while the forward runs."""
         t0 = time.perf_counter()
         layout, input_ids, sampling = self._prepare(scheduled)
         graphs = self.decode_graphs if self.decode_graphs is not None and self.decode_graphs.runs(layout) else None
@@ -196,13 +199,15 @@ class ModelRunner:
         requests = [scheduled[i].request for i in sampling]
         ids = [r.request_id for r in requests]
         banned = banned or [()] * len(requests)
+        filled = masks.result() if masks is not None else None
         picked = self.sampler.sample(logits.clone() if return_logits else logits,
                                      [SampleRow(r.request_id, r.params, b, r.prompt_token_ids, r.output_token_ids)
-                                      for r, b in zip(requests, banned)])
+                                      for r, b in zip(requests, banned)], filled)
         t3 = time.perf_counter()
         logprobs = {rid: lp for rid, lp in zip(ids, picked.logprobs) if lp is not None}
         return StepOutput(dict(zip(ids, picked.tokens)), logits.cpu() if return_logits else None,
-                          StepTiming(t1 - t0, t2 - t1, t3 - t2), logprobs, prompt_logprobs)
+                          StepTiming(t1 - t0, t2 - t1, t3 - t2, filled.fill_s if filled else 0.0), logprobs,
+                          prompt_logprobs)
 
     @staticmethod
     def _prompt_logprobs(logits: torch.Tensor, rows: LogitRows,

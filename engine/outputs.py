@@ -55,6 +55,18 @@ class StepRecord:
     prefix_cache_blocks: int = 0      # blocks holding findable content after scheduling (0: caching off)
     head_rows: int = 0                # rows through the LM head: the sampled ones plus prompt positions scored
                                       # for prompt logprobs (0 in records made before it was counted)
+    grammar_rows: int = 0             # sampled rows held to a grammar (their masks filled during the forward)
+    mask_s: float = 0.0               # time filling those masks
+    forced_tokens: int = 0            # tokens the grammars forced this step (jump-forward), emitted unsampled
+
+
+@dataclass(frozen=True)
+class GrammarStep:
+    """A step's constrained-decoding facts, for its StepRecord."""
+
+    rows: int = 0
+    mask_s: float = 0.0
+    forced_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,7 +77,7 @@ class RequestRecord:
     arrival: float                # time.monotonic() clock, like StepRecord.start
     first_token: float | None
     finished: float
-    token_times: tuple[float, ...]
+    token_times: tuple[float, ...]     # one per emission (engine/scheduling/request.py: RequestTimings)
     num_prompt_tokens: int
     num_output_tokens: int
     max_tokens: int
@@ -86,13 +98,13 @@ class RequestRecord:
 
     @property
     def tbt_s(self) -> list[float]:
-        """Gaps between consecutive tokens (TBT / ITL)."""
+        """Gaps between consecutive emissions (TBT / ITL): a step that emits several tokens is one gap."""
         t = self.token_times
         return [b - a for a, b in zip(t, t[1:])]
 
     @property
     def tpot_s(self) -> float | None:
         """Mean decode time per output token after the first."""
-        if len(self.token_times) < 2:
+        if len(self.token_times) < 2 or self.num_output_tokens < 2:
             return None
-        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+        return (self.token_times[-1] - self.token_times[0]) / (self.num_output_tokens - 1)

@@ -1,6 +1,7 @@
 """Next-token choice for a batch of rows, in one order for everything that shapes a row's distribution:
 
-1. the mask: tokens a row may not pick yet (min_tokens keeps its stop tokens out);
+1. the mask: the grammar's (a constrained request: engine/structured/) and the tokens a row may not pick
+   yet (min_tokens keeps its stop tokens out);
 2. logit bias, then repetition, frequency and presence penalties (vectorised over the rows that set them);
 3. logprobs, where a row asks: from the model's raw logits (`logprobs_mode="raw"`, vLLM's default) or from
    the logits after steps 1-2 (`"processed"`), before temperature and truncation either way;
@@ -19,6 +20,7 @@ import torch
 
 from engine.logprobs import LogprobSnapshot, TokenLogprob
 from engine.sampling_params import SamplingParams
+from engine.structured.step_masks import FilledMasks, apply_masks
 
 LOGPROBS_MODES = ("raw", "processed")
 
@@ -57,10 +59,13 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
 
-    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampledTokens:
-        """logits: [rows, vocab] float32 on the sampler's device, changed in place."""
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow], masks: FilledMasks | None = None) -> SampledTokens:
+        """logits: [rows, vocab] float32 on the sampler's device, changed in place; `masks`: the grammar
+        masks of the constrained rows."""
         asking = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         changing = {i for i, r in enumerate(rows) if r.banned or r.params.shapes_logits}
+        if masks is not None:
+            changing.update(masks.rows)
         # a step whose rows all ask and are all greedy takes its tokens from the logprobs' top-1: one pass less
         top_is_pick = bool(asking) and len(asking) == len(rows) and all(r.params.greedy for r in rows) and \
             (not changing or self.logprobs_mode == "processed")
@@ -68,6 +73,8 @@ class Sampler:
         snapshot = None
         if asking and self.logprobs_mode == "raw":
             snapshot = LogprobSnapshot.take(logits, asking, k, changing)
+        if masks is not None:
+            apply_masks(logits, masks)
         for row, r in enumerate(rows):
             if r.banned:
                 logits[row, list(r.banned)] = float("-inf")

@@ -33,6 +33,7 @@ from serving.tokenize_api import add_tokenize_routes
 from engine.outputs import RequestOutput
 from engine.scheduling.request import Request
 from engine.slo_class import SloClass, SloClasses, shipped_slo_classes
+from engine.structured.grammar_compiler import CompiledConstraint
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,9 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
     async def completions(body: CompletionRequest, http: HttpRequest):
         loop = state.require_loop()
         prompts = body.prompts()
-        groups = [loop.engine.fork(_make_request(state, loop, body, prompt, http), body.candidates) for prompt in prompts]
+        grammar = await _compiled_constraint(loop, body)
+        groups = [loop.engine.fork(_make_request(state, loop, body, prompt, http, grammar), body.candidates)
+                  for prompt in prompts]
         return await _respond(http, loop, groups, prompts, body, state.config.served_model_name, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -146,7 +149,8 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
             prompt = loop.engine.tokenizer.apply_chat_template([m.as_template_input() for m in body.messages])
         except Exception as e:
             raise ApiError(400, f"cannot apply the chat template: {e}", param="messages") from e
-        group = loop.engine.fork(_make_request(state, loop, body, prompt, http), body.candidates)
+        grammar = await _compiled_constraint(loop, body)
+        group = loop.engine.fork(_make_request(state, loop, body, prompt, http, grammar), body.candidates)
         return await _respond(http, loop, [group], [prompt], body, state.config.served_model_name, chat=True)
 
     add_tokenize_routes(app, state)          # POST /tokenize, /detokenize (serving/tokenize_api.py)
@@ -155,8 +159,14 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
     return app
 
 
+async def _compiled_constraint(loop: EngineLoop, body: SamplingFields) -> CompiledConstraint | None:
+    """The body's output constraint compiled on the grammar worker (a cached one at once), or None."""
+    constraint = body.constraint()
+    return None if constraint is None else await loop.engine.grammars.compile_async(constraint)
+
+
 def _make_request(state: ServerState, loop: EngineLoop, body: SamplingFields, prompt: str | list[int],
-                  http: HttpRequest) -> Request:
+                  http: HttpRequest, grammar: CompiledConstraint | None = None) -> Request:
     name = state.config.served_model_name
     if body.model is not None and body.model != name:
         raise ApiError(400, f"model {body.model!r} is not served here; this server serves {name!r}", param="model",
@@ -173,7 +183,7 @@ def _make_request(state: ServerState, loop: EngineLoop, body: SamplingFields, pr
             if 0 < prompt_len < max_len and params.max_tokens > max_len - prompt_len:
                 params = body.model_copy(update={"max_tokens": max_len - prompt_len}).sampling_params(0)
         return loop.engine.make_request(prompt, params, f"cmpl-{uuid.uuid4().hex}", slo=slo,
-                                        cache_salt=_cache_salt(body, http))
+                                        cache_salt=_cache_salt(body, http), grammar=grammar)
     except InvalidRequestError as e:
         raise ApiError(400, str(e), param=e.param) from e
 

@@ -17,6 +17,7 @@ MAX_CHOICES = 16           # n and best_of: each choice is a sequence in the eng
 MAX_PROMPTS = 64           # prompts in one /v1/completions request
 from serving import request_fields
 from serving.request_fields import Rule, field_error
+from serving.structured_fields import StructuredFields
 
 
 class NullIsAbsent(BaseModel):
@@ -32,10 +33,11 @@ class StreamOptions(NullIsAbsent):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions. Nulls read as absent; OpenAI's fields
-    we do not serve follow OPENAI_FIELDS (serving/request_fields.py); other fields are kept as extras,
-    ignored, and named by `ignored_fields` for the API to count."""
+class SamplingFields(StructuredFields):
+    """Fields shared by /v1/completions and /v1/chat/completions (the output constraints:
+    serving/structured_fields.py). Nulls read as absent; OpenAI's fields we do not serve follow OPENAI_FIELDS
+    (serving/request_fields.py); other fields are kept as extras, ignored, and named by `ignored_fields` for
+    the API to count."""
 
     model_config = ConfigDict(extra="allow")
     OPENAI_FIELDS: ClassVar[dict[str, Rule]] = {}

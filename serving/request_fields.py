@@ -68,7 +68,7 @@ CHAT_FIELDS: dict[str, Rule] = {
     **{name: served() for name in (
         "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
         "stream", "stream_options", "n", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
-        "logit_bias")},
+        "logit_bias", "response_format")},
     **_COMMON,
     "metadata": ignored(why="tags for OpenAI's dashboard"),
     "store": ignored(False, why="nothing is stored for OpenAI's distillation or evals"),
@@ -78,7 +78,6 @@ CHAT_FIELDS: dict[str, Rule] = {
     "prompt_cache_retention": ignored("in_memory", why="cached prefixes live as long as the KV cache keeps them"),
     "prompt_cache_options": ignored(why="cached prefixes live as long as the KV cache keeps them"),
     "parallel_tool_calls": ignored(True, why="without tools there are no tool calls to run in parallel"),
-    "response_format": refused({"type": "text"}, why="no JSON mode or structured outputs"),
     "tools": refused([], why=_NO_TOOLS),
     "tool_choice": refused("none", "auto", why=_NO_TOOLS + " (`auto` with no tools is `none`)"),
     "functions": refused([], why=_NO_TOOLS),

@@ -36,8 +36,17 @@ class HFTokenizer:
         eos = {tokenizer.eos_token_id, *extra_eos, *self.template.stop_tokens(tokenizer.get_added_vocab())} - {None}
         self.eos_token_ids = tuple(sorted(eos))
 
+    @property
+    def hf(self) -> Any:
+        """The transformers tokenizer (what xgrammar reads the vocabulary from)."""
+        return self._tok
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=True)
+
+    def encode_plain(self, text: str) -> list[int]:
+        """The text's tokens alone, no BOS (a piece inside an output)."""
+        return self._tok.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
@@ -65,6 +74,10 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         data = bytes(i - self.OFFSET for i in ids if self.OFFSET <= i < 256 + self.OFFSET)
         return data.decode(errors="replace")
+
+    def byte_vocabulary(self, vocab_size: int) -> list[bytes]:
+        """Each id's bytes, for xgrammar's raw vocabulary: b"" for the special and unused ids."""
+        return [bytes([i - self.OFFSET]) if self.OFFSET <= i < 256 + self.OFFSET else b"" for i in range(vocab_size)]
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
         return self.encode(builtin_template().render(messages))
@@ -127,6 +140,8 @@ def _template_source(kind: str, location: str, tok: Any,
 
 class _TinyTokenizer(ByteTokenizer):
     """Bytes folded into a small vocabulary, for the test presets."""
+
+    byte_vocabulary = None     # an id is several bytes: no grammar can be held over it
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size

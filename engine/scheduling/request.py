@@ -7,10 +7,14 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.kv_cache.prefix_cache import PrefixState
 from engine.sampling_params import SamplingParams
 from engine.slo_class import DEFAULT_CLASS, SloClass
+
+if TYPE_CHECKING:
+    from engine.structured.grammar_state import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -29,6 +33,8 @@ class FinishReason(enum.Enum):
 
 @dataclass
 class RequestTimings:
+    """token_times: one per emission, a step that gave the request one or more tokens (a jump-forward or a
+    verified draft gives several at once): TBT is the gap between consecutive emissions, never zero."""
     arrival: float
     first_scheduled: float | None = None
     first_token: float | None = None
@@ -68,6 +74,7 @@ class Request:
     cache_salt: str | None = None
     cacheable: bool = True
     follows: str | None = None                   # a fork of this request: admitted once its prompt is in the KV
+    grammar: GrammarState | None = None          # constrained decoding (engine/structured/): its grammar's state
     cache: PrefixState = field(init=False)
     scores_prompt: bool = field(init=False)      # prompt logprobs: every prompt position computed and scored
 
