@@ -450,4 +450,4 @@ def request_record(request: Request) -> RequestRecord:
     return RequestRecord(request.request_id, t.arrival, t.first_token, t.finished, tuple(t.token_times),
                          request.num_prompt_tokens, request.num_output_tokens, request.params.max_tokens,
                          request.finish_reason.value, request.num_preemptions, request.slo.name, request.slo.ttft_s,
-                         request.slo.tbt_s, request.cache.cached_tokens)
+                         request.slo.tbt_s, request.cache.cached_tokens, request.grammar is not None)

@@ -87,6 +87,7 @@ class RequestRecord:
     slo_ttft_s: float | None = None     # the class's targets (None: judge by the reader's SLO)
     slo_tbt_s: float | None = None
     num_cached_tokens: int = 0          # prompt tokens found in the prefix cache at admission
+    constrained: bool = False           # its output was held to a grammar
 
     @property
     def ttft_s(self) -> float | None:

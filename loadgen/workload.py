@@ -37,6 +37,7 @@ class RequestSpec:
     slo_class: str | None = None   # the SLO class the request asks for (None: the server's default)
     prefix_group: str | None = None  # its first prefix_tokens are the first tokens of this group's shared text
     prefix_tokens: int = 0           # (a system prompt, or a conversation's history); the rest is its own
+    constrained: bool = False        # its output is held to a grammar (a JSON schema: each row costs a mask)
 
 
 # ---- arrival processes -------------------------------------------------------------------------
@@ -254,6 +255,7 @@ class Stream:
     rate: float = 1.0              # multiplier of the phase's rate
     slo_class: str | None = None   # None: the server's default class
     sharing: Sharing | None = None # shared prompt prefixes (None: every prompt its own)
+    constrained: bool = False      # its requests ask for structured output (RequestSpec.constrained)
 
     def __post_init__(self) -> None:
         if not self.rate > 0:
@@ -350,8 +352,8 @@ def generate(workload: Workload, qps: float | None = None, num_requests: int | N
             end = start + max((float(t[-1]) for t in times if len(t)), default=0.0)
         for k, ((label, stream), t, g) in enumerate(zip(streams, times, length_rngs)):
             prompts, outputs = stream.lengths.sample(g, len(t))
-            own = [RequestSpec(start + float(a), int(p), int(o), label, stream.slo_class)
-                   for a, p, o in zip(t, prompts, outputs)]
+            own = [RequestSpec(start + float(a), int(p), int(o), label, stream.slo_class,
+                               constrained=stream.constrained) for a, p, o in zip(t, prompts, outputs)]
             if stream.sharing is not None:   # its own seeded stream: lengths and arrivals stay as without it
                 own = stream.sharing.apply(label, own, np.random.default_rng(keys[k] + [2]))
             specs += own
@@ -482,14 +484,15 @@ def _parse_phase(data: Any, index: int, base_dir: str) -> Phase:
 
 def _parse_stream(data: Any, index: int, phase: Mapping[str, Any], base_dir: str) -> Stream:
     """A stream takes arrival, lengths and slo_class from its phase unless it gives its own."""
-    data = _mapping(data, f"stream {index + 1}", {"name", "rate", "arrival", "lengths", "slo_class", "sharing"})
+    data = _mapping(data, f"stream {index + 1}",
+                    {"name", "rate", "arrival", "lengths", "slo_class", "sharing", "constrained"})
     name = str(data.get("name", f"stream-{index + 1}"))
     pick = lambda key, default: data.get(key, phase.get(key, default))  # noqa: E731
     try:
         return Stream(name, _parse_arrival(pick("arrival", "poisson")),
                       _parse_lengths(pick("lengths", "chat"), base_dir),
                       float(data.get("rate", 1.0)), _slo_class(pick("slo_class", None)),
-                      _parse_sharing(pick("sharing", None)))
+                      _parse_sharing(pick("sharing", None)), bool(data.get("constrained", False)))
     except (TypeError, ValueError) as e:
         raise ValueError(str(e) if str(e).startswith("stream ") else f"stream {name!r}: {e}") from e
 

@@ -58,13 +58,15 @@ class StepTime:
 
     def __init__(self, cost: StepCost, shape: WindowedShape | None = None) -> None:
         self.cost = cost
+        self.grammar_row_s = getattr(cost, "grammar_row_s", 0.0)
         self.context_tokens, self.attended_pairs = shape_functions(shape)
         self.prefill = self.decode = self.sampled = self.context = self.pairs = self.seqs = 0
+        self.grammar_s = 0.0        # the masks of the constrained rows planned so far
 
     def add_decodes(self, decodes: Sequence[SequenceState], now: float) -> float:
         """Adds them; returns the smallest TBT slack among them (their TBT target minus the time since
         their last token; unbounded if none has a token yet). One pass: every decode, every step."""
-        context = pairs = 0
+        context = pairs = constrained = 0
         slack = UNBOUNDED
         context_tokens, attended_pairs = self.context_tokens, self.attended_pairs
         for seq in decodes:
@@ -74,6 +76,9 @@ class StepTime:
             last = seq.last_token_time
             if last is not None:
                 slack = min(slack, seq.tbt_target_s - (now - last))
+            if seq.grammar is not None:
+                constrained += 1
+        self.grammar_s += constrained * self.grammar_row_s
         n = len(decodes)
         self.decode += n
         self.sampled += n
@@ -84,22 +89,28 @@ class StepTime:
 
     def seconds(self) -> float:
         return self.cost.predict_counts(self.prefill, self.decode, self.sampled, self.context, self.pairs,
-                                        self.seqs)
+                                        self.seqs) + self.grammar_s
 
     def with_chunk(self, seq: SequenceState, n: int) -> float:
         """The step's predicted time if `seq` also gets an `n`-token prefill chunk."""
         c = seq.num_computed_tokens
         return self.cost.predict_counts(self.prefill + n, self.decode, self.sampled + head_rows(n, c, seq),
                                         self.context + self.context_tokens(n, c),
-                                        self.pairs + self.attended_pairs(n, c), self.seqs + 1)
+                                        self.pairs + self.attended_pairs(n, c), self.seqs + 1) \
+            + self.grammar_s + self._chunk_grammar_s(seq, n, c)
 
     def add_chunk(self, seq: SequenceState, n: int) -> None:
         c = seq.num_computed_tokens
+        self.grammar_s += self._chunk_grammar_s(seq, n, c)
         self.prefill += n
         self.sampled += head_rows(n, c, seq)
         self.context += self.context_tokens(n, c)
         self.pairs += self.attended_pairs(n, c)
         self.seqs += 1
+
+    def _chunk_grammar_s(self, seq: SequenceState, n: int, c: int) -> float:
+        """A chunk that reaches a constrained request's last token samples one masked row."""
+        return self.grammar_row_s if seq.grammar is not None and c + n == seq.num_tokens else 0.0
 
     def largest_chunk(self, seq: SequenceState, limit: int, target: float) -> int:
         """The largest chunk of at most `limit` tokens whose step fits `target` (binary search:

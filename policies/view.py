@@ -41,6 +41,8 @@ class SequenceState(Protocol):
     def spare_long_gaps(self) -> int: ...        # long gaps its own TBT percentile can still absorb
     @property
     def scores_prompt(self) -> bool: ...         # it asks for prompt logprobs: its chunks run the LM head per position
+    @property
+    def grammar(self) -> object | None: ...      # not None: held to a grammar, each sampled row costs a mask
 
 
 class KvPages(Protocol):
@@ -56,6 +58,7 @@ class StepCost(Protocol):
     """A step-time model (simulation.cost_model.CostModel has it): seconds for a step of this shape."""
 
     tile_tokens: int                             # prefill chunks of a multiple of this are cheapest per token
+    grammar_row_s: float                         # added per sampled row held to a grammar (its mask)
 
     def predict_counts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int,
                        seqs: int) -> float: ...

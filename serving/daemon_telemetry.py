@@ -36,6 +36,7 @@ class DaemonTelemetry:
         engine.finish_listeners += [self.window.on_finish, self.metrics.on_finish]
         engine.arrival_listeners += [self.metrics.on_arrival, lambda r: self.window.on_arrival(
             Arrival(r.arrival_time, r.num_prompt_tokens, r.params.max_tokens))]
+        engine.grammars.on_compiled.append(self.metrics.structured.on_compiled)
         scheduler = engine.scheduler
         self.metrics.read_live(lambda: len(scheduler.running), lambda: len(scheduler.waiting),
                                lambda: scheduler.blocks.usage)

@@ -38,7 +38,8 @@ class Series:
 def daemon_series() -> list[Series]:
     """Every series a daemon's /metrics holds under `autotuned:`, in the order the code registers them."""
     registry = CollectorRegistry()
-    owners = [(PrometheusMetrics("MODEL", registry=registry), "engine"), (TunerMetrics(registry), "tuner")]
+    engine = PrometheusMetrics("MODEL", registry=registry)
+    owners = [(engine, "engine"), (engine.structured, "engine"), (TunerMetrics(registry), "tuner")]
     return [Series(m._name, m._type, tuple(m._labelnames), m._documentation, source)
             for owner, source in owners for m in vars(owner).values() if isinstance(m, MetricWrapperBase)]
 

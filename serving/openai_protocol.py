@@ -18,6 +18,7 @@ MAX_PROMPTS = 64           # prompts in one /v1/completions request
 from serving import request_fields
 from serving.request_fields import Rule, field_error
 from serving.structured_fields import StructuredFields
+from serving.tool_fields import MessageToolCall, ToolFields
 
 
 class NullIsAbsent(BaseModel):
@@ -169,17 +170,41 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Fields beyond these (an SDK echoing a reply back sends `refusal`, `annotations`, `audio`) are kept as
+    extras, ignored and counted as `messages[].NAME` where not null or empty."""
+
+    model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None     # an assistant's calls
+    tool_call_id: str | None = None                      # a tool's result: the call it answers
+    reasoning_content: str | None = None                 # an assistant's reasoning, for templates that show it
+
+    @model_validator(mode="after")
+    def _fields_of_its_role(self) -> "ChatMessage":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only an assistant message has tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
 
     def as_template_input(self) -> dict[str, Any]:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        """The message as transformers gives templates: what was sent, a call's arguments as an object."""
+        content = self.content if isinstance(self.content, str) or self.content is None else \
+            "".join(p.text for p in self.content)
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                                   "content": content if content is not None or self.tool_calls else ""}
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
+        for key in ("name", "tool_call_id", "reasoning_content"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        return message
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(ToolFields, SamplingFields):
     OPENAI_FIELDS: ClassVar[dict[str, Rule]] = request_fields.CHAT_FIELDS
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -196,6 +221,12 @@ class ChatCompletionRequest(SamplingFields):
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
         return (self.top_logprobs or 0) if self.logprobs else None, self.prompt_logprobs
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        in_messages = {f"messages[].{k}" for m in self.messages for k, v in (m.model_extra or {}).items()
+                       if v not in (None, "", [], {})}
+        return sorted(set(super().ignored_fields) | in_messages)
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         if self.max_tokens is None and self.max_completion_tokens is not None:

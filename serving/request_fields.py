@@ -49,8 +49,6 @@ def refused(*defaults: Any, why: str) -> Rule:
     return Rule(Policy.REFUSED_UNLESS_DEFAULT, defaults, why)
 
 
-_NO_TOOLS = "no tool calling"
-
 # both endpoints' OpenAI fields that are not served (SERVED ones are listed per endpoint below)
 _COMMON = {
     "user": ignored(why="an end-user id for OpenAI's abuse monitoring"),
@@ -68,7 +66,7 @@ CHAT_FIELDS: dict[str, Rule] = {
     **{name: served() for name in (
         "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
         "stream", "stream_options", "n", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
-        "logit_bias", "response_format")},
+        "logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls")},
     **_COMMON,
     "metadata": ignored(why="tags for OpenAI's dashboard"),
     "store": ignored(False, why="nothing is stored for OpenAI's distillation or evals"),
@@ -77,11 +75,8 @@ CHAT_FIELDS: dict[str, Rule] = {
     "prompt_cache_key": ignored(why="prefix caching needs no key here (`cache_salt` keeps tenants apart)"),
     "prompt_cache_retention": ignored("in_memory", why="cached prefixes live as long as the KV cache keeps them"),
     "prompt_cache_options": ignored(why="cached prefixes live as long as the KV cache keeps them"),
-    "parallel_tool_calls": ignored(True, why="without tools there are no tool calls to run in parallel"),
-    "tools": refused([], why=_NO_TOOLS),
-    "tool_choice": refused("none", "auto", why=_NO_TOOLS + " (`auto` with no tools is `none`)"),
-    "functions": refused([], why=_NO_TOOLS),
-    "function_call": refused("none", "auto", why=_NO_TOOLS),
+    "functions": refused([], why="the deprecated form of `tools`: send `tools`"),
+    "function_call": refused("none", "auto", why="the deprecated form of `tool_choice`: send `tool_choice`"),
     "audio": refused(why="text output only"),
     "modalities": refused(["text"], why="text output only"),
     "prediction": refused(why="no predicted outputs"),

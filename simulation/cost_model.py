@@ -55,18 +55,19 @@ class StepShape:
     context_tokens: int
     attended_pairs: int
     num_seqs: int
+    grammar_rows: int = 0       # sampled rows held to a grammar: not a fitted feature (CostModel.grammar_row_s)
 
     @staticmethod
     def of(record: StepRecord) -> StepShape:
         return StepShape(record.num_prefill_tokens, record.num_decode_tokens, record.head_rows or record.num_sampled,
                          record.context_tokens, record.attended_pairs,
-                         record.num_prefill_seqs + record.num_decode_tokens)
+                         record.num_prefill_seqs + record.num_decode_tokens, record.grammar_rows)
 
     @staticmethod
     def of_schedule(result: ScheduleResult) -> StepShape:
         decodes = result.num_decode_tokens
         return StepShape(result.num_tokens - decodes, decodes, result.num_sampled, result.context_tokens,
-                         result.attended_pairs, len(result.scheduled))
+                         result.attended_pairs, len(result.scheduled), result.num_grammar_rows)
 
     def features(self) -> tuple[float, ...]:
         tokens = self.num_prefill_tokens + self.num_decode_tokens
@@ -99,10 +100,13 @@ class CostModel:
     # live over predicted step times at percentiles 1-99 over their median (simulation.step_scatter): set on the
     # live daemon's copy for its warm start's simulations; empty in a calibration (steps exactly as predicted)
     step_scatter: tuple[float, ...] = ()
+    # seconds per sampled row held to a grammar (its mask): measured live (simulation.live_cost_model), not fitted
+    grammar_row_s: float = 0.0
 
     def predict(self, shape: StepShape) -> float:
         return self.predict_counts(shape.num_prefill_tokens, shape.num_decode_tokens, shape.num_sampled,
-                                   shape.context_tokens, shape.attended_pairs, shape.num_seqs)
+                                   shape.context_tokens, shape.attended_pairs, shape.num_seqs) \
+            + self.grammar_row_s * shape.grammar_rows
 
     def predict_counts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int, seqs: int) -> float:
         """`predict` without building a StepShape: the simulator's per-step hot path."""

@@ -32,6 +32,7 @@ REFRESH_EVERY_STEPS = 200    # how often the scheduler's copy is re-scaled (a me
 # to: on the real 2-core daemon step times scatter +-20-40% around the model, and sized at the median
 # half the prefill steps overran (one long gap fails a short request's own P99 TBT). The tuner's
 # simulations want expected times, the median, with that scatter (`step_scatter`) drawn around them.
+MIN_GRAMMAR_STEPS = 10       # constrained steps before their masks' measured time prices constrained rows
 SPEED_FACTOR_RANGE = (0.5, 2.0)   # a live machine further off its calibration than this wants a recalibration
 # a model that does not describe this machine (--no-calibrate): only its shape is kept, the scale is live
 UNCALIBRATED_RANGE = (0.001, 1000.0)
@@ -95,6 +96,13 @@ class LiveCostModel:
                               dtype=bool)
         return ratios, on_kernels
 
+    def grammar_row_s(self) -> float:
+        """Median mask time per constrained row over recent steps that had any (0 with too few): the
+        masks are filled beside the forward pass, so on a machine whose cores the forward already fills
+        this is what they add; a GPU step hides part of it, which the speed factor then absorbs."""
+        per_row = [r.mask_s / r.grammar_rows for r in self._steps if r.grammar_rows]
+        return float(np.median(per_row)) if len(per_row) >= MIN_GRAMMAR_STEPS else 0.0
+
     def _bounded(self, ratio: float) -> float:
         low, high = self.speed_range
         return min(high, max(low, float(ratio)))
@@ -128,7 +136,10 @@ class LiveCostModel:
         """The calibration scaled by `quantile` of the live ratios, per weights path: the scheduler's copy."""
         _, dense, kernel = self.speed_factors(quantile)
         if dense == kernel == 1.0:
-            return self.base
-        if getattr(self.base, "kernel_max_rows", 0):
-            return self.base.scaled(dense, kernel)
-        return self.base.scaled(dense)
+            model = self.base
+        elif getattr(self.base, "kernel_max_rows", 0):
+            model = self.base.scaled(dense, kernel)
+        else:
+            model = self.base.scaled(dense)
+        grammar_row_s = self.grammar_row_s()
+        return replace(model, grammar_row_s=grammar_row_s) if grammar_row_s else model

@@ -111,6 +111,7 @@ class ProfileCostModel:
     holdout_mape: float | None = None
     num_samples: int = 0
     step_scatter: tuple[float, ...] = ()  # live scatter around the predictions (CostModel.step_scatter)
+    grammar_row_s: float = 0.0           # seconds per sampled row held to a grammar (CostModel.grammar_row_s)
     terms: StepTerms = field(init=False, repr=False, compare=False)
     _by_tokens: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _by_sampled: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -154,7 +155,8 @@ class ProfileCostModel:
 
     def predict(self, shape: StepShape) -> float:
         return self.predict_counts(shape.num_prefill_tokens, shape.num_decode_tokens, shape.num_sampled,
-                                   shape.context_tokens, shape.attended_pairs, shape.num_seqs)
+                                   shape.context_tokens, shape.attended_pairs, shape.num_seqs) \
+            + self.grammar_row_s * shape.grammar_rows
 
     def predict_counts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int, seqs: int) -> float:
         tokens = prefill + decode

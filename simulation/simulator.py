@@ -21,7 +21,7 @@ from simulation.cost_model import CostModel
 from simulation.step_scatter import DEADLINE_QUANTILE, StepScatter, factor_at
 from engine.llm_engine import request_record, step_record
 from engine.model_runner import StepTiming
-from engine.outputs import RequestRecord, StepRecord
+from engine.outputs import GrammarStep, RequestRecord, StepRecord
 from engine.scheduling.request import FinishReason, Request
 from engine.sampling_params import SamplingParams
 from engine.scheduling.scheduler import ScheduleResult, Scheduler
@@ -30,6 +30,10 @@ from policies import DEFAULT_POLICY, Knobs
 from policies.step_shape import attended_pairs, context_tokens
 
 IDLE_TICK_S = 0.001   # how far the clock moves when a policy schedules nothing while work waits
+
+
+# a simulated request's stand-in grammar: the scheduler and the cost model only ask whether there is one
+SIMULATED_GRAMMAR = object()
 
 
 class RequestLike(Protocol):
@@ -42,6 +46,7 @@ class RequestLike(Protocol):
     # optional (loadgen.workload.RequestSpec has them): the prompt's first prefix_tokens are its group's
     prefix_group: str | None
     prefix_tokens: int
+    constrained: bool            # held to a grammar: each of its sampled rows costs cost.grammar_row_s
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,8 @@ class Simulator:
         params = SamplingParams(max_tokens=item.output_tokens, ignore_eos=True)
         group = getattr(item, "prefix_group", None)
         request = Request(f"sim-{self._ids}", self._prompt(item, group), params, item.arrival_s,
-                          slo=self.slo_classes.get(getattr(item, "slo_class", None)), cacheable=group is not None)
+                          slo=self.slo_classes.get(getattr(item, "slo_class", None)), cacheable=group is not None,
+                          grammar=SIMULATED_GRAMMAR if getattr(item, "constrained", False) else None)
         self._ids += 1
         for listener in self.arrival_listeners:
             listener(request)
@@ -156,8 +162,10 @@ class Simulator:
             self.now += IDLE_TICK_S
             return
         decodes = result.num_decode_tokens      # StepShape.of_schedule(result), without the object
+        masks_s = getattr(self.cost, "grammar_row_s", 0.0) * result.num_grammar_rows
         duration = self.cost.predict_counts(result.num_tokens - decodes, decodes, result.num_sampled,
-                                            result.context_tokens, result.attended_pairs, len(result.scheduled))
+                                            result.context_tokens, result.attended_pairs, len(result.scheduled)) \
+            + masks_s
         if self.scatter:
             duration *= self.scatter.factor()
         self.now += duration
@@ -167,7 +175,8 @@ class Simulator:
         record = None
         if self.step_listeners:           # a record only for someone who reads it
             record = step_record(self.num_steps, result, self.scheduler, num_sampled, start, duration, 0.0,
-                                 StepTiming(0.0, duration, 0.0), tuple(gaps))
+                                 StepTiming(0.0, duration, 0.0, masks_s), tuple(gaps),
+                                 GrammarStep(result.num_grammar_rows, masks_s))
         self.num_steps += 1
         for listener in self.step_listeners:
             listener(record)
@@ -199,6 +208,8 @@ class Simulator:
                 pairs = sum(attended_pairs(1, r.num_computed_tokens) for r in running)
                 tolerated = sum(r.tbt_tolerance for r in running)
                 tightest_tbt = min(r.tbt_target_s for r in running)
+                constrained = sum(r.grammar is not None for r in running)
+                masks_s = getattr(self.cost, "grammar_row_s", 0.0) * constrained
                 steps_to_finish = min(r.max_tokens - len(r.output_token_ids) for r in running)
                 by_slot = self._by_block_boundary(running, step)
             if not self._grow_for_next_token(by_slot[step % block_size], len(pending)):
@@ -206,7 +217,7 @@ class Simulator:
             step += 1
             steps_to_finish -= 1
             start = self.now
-            duration = self.cost.predict_counts(0, batch, batch, context, pairs, batch)
+            duration = self.cost.predict_counts(0, batch, batch, context, pairs, batch) + masks_s
             if self.scatter:
                 duration *= self.scatter.factor()
             self.now = now = start + duration
@@ -226,7 +237,7 @@ class Simulator:
                     "step": self.num_steps - 1, "start": start, "duration_s": duration, "forward_s": duration,
                     "num_decode_tokens": batch, "num_sampled": batch, "head_rows": batch, "num_running": len(running),
                     "kv_usage": self.blocks.usage, "context_tokens": context, "attended_pairs": pairs,
-                    "token_gaps": (gap,) * batch}))
+                    "token_gaps": (gap,) * batch, "grammar_rows": constrained, "mask_s": masks_s}))
                 for listener in self.step_listeners:
                     listener(record)
             context += batch            # the step after: each decode reads one more token and attends to

@@ -9,6 +9,7 @@ from engine.scheduling.request import Request
 from policies import Knobs
 from policies.knobs import KNOB_SPECS
 from engine.slo_class import SloClass
+from telemetry.structured_metrics import StructuredMetrics
 from telemetry.window import meets_slo
 
 P = "autotuned:"
@@ -75,6 +76,7 @@ class PrometheusMetrics:
         self.ignored_fields = Counter(P + "ignored_request_fields", "Request fields accepted without effect "
                                       "(outside the served schema, or ignored with a non-default value).",
                                       labels + ["field"], registry=r)
+        self.structured = StructuredMetrics(model_name, r)
         self._ignored_names: set[str] = set()
         self._ewma_ratio: float | None = None
         self._ewma_rate: float | None = None
@@ -87,7 +89,7 @@ class PrometheusMetrics:
         self.kv_usage.labels(m).set(s.kv_usage)
         self.preemptions.labels(m).inc(s.num_preempted)
         self.prompt_tokens.labels(m).inc(s.num_prefill_tokens)
-        self.generation_tokens.labels(m).inc(s.num_sampled)
+        self.generation_tokens.labels(m).inc(s.num_sampled + s.forced_tokens)
         self.iteration_tokens.labels(m).observe(s.num_prefill_tokens + s.num_decode_tokens)
         self.step_tokens.labels(m, "prefill").inc(s.num_prefill_tokens)
         self.step_tokens.labels(m, "decode").inc(s.num_decode_tokens)
@@ -96,6 +98,7 @@ class PrometheusMetrics:
         self.cache_hits.labels(m).inc(s.prefix_cache_hits)
         self.cache_evictions.labels(m).inc(s.prefix_cache_evictions)
         self.cached_blocks.labels(m).set(s.prefix_cache_blocks)
+        self.structured.on_step(s)
 
     def read_live(self, running, waiting, kv_usage) -> None:
         """Read the engine's state gauges when scraped rather than at each step: a request aborted between
@@ -108,6 +111,7 @@ class PrometheusMetrics:
 
     def on_arrival(self, request: Request) -> None:
         self.prompt_len.labels(self._model).observe(request.num_prompt_tokens)
+        self.structured.on_arrival(request)
         t = request.arrival_time
         if self._last_arrival is not None and t > self._last_arrival:
             self._ewma_rate = _ewma(self._ewma_rate, 1.0 / (t - self._last_arrival), 0.1)
@@ -123,7 +127,12 @@ class PrometheusMetrics:
             self._ignored_names.add(field)
         self.ignored_fields.labels(self._model, field).inc()
 
+    def count_tool_call_failure(self, parser: str, count: int = 1) -> None:
+        """A reply's tool-call markers whose call did not parse (serving/tool_replies.py)."""
+        self.structured.count_tool_call_failure(parser, count)
+
     def on_finish(self, r: RequestRecord) -> None:
+        self.structured.on_finish(r)
         m, c = self._model, r.slo_class
         self.finished.labels(m, c, r.finish_reason).inc()
         goodput = self.goodput.labels(m, c)    # created at 0, so a class with no good request still shows

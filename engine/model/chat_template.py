@@ -127,10 +127,19 @@ class ChatTemplate:
     def builtin(self) -> bool:
         return self.origin == "built-in"
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None, variables: dict[str, Any] | None = None) -> str:
+        """`tools`: OpenAI's tool list, as transformers passes it; `variables`: a client's
+        chat_template_kwargs (e.g. enable_thinking), which may not replace what the template is given."""
+        given = {"messages": messages, "add_generation_prompt": add_generation_prompt,
+                 **{k: v for k, v in vars(self.special).items() if v is not None}}
+        if tools is not None:
+            given["tools"] = tools
+        clash = sorted(set(variables or {}) & (set(given) | {"tools"}))
+        if clash:
+            raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(clash)}")
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **{k: v for k, v in vars(self.special).items() if v is not None})
+            return self._template.render(**(variables or {}), **given)
         except SecurityError as e:
             raise ChatTemplateError(f"the chat template from {self.origin} was refused: {e}") from e
         except TemplateError as e:
@@ -145,6 +154,11 @@ class ChatTemplate:
         except ChatTemplateError as e:
             if isinstance(e.__cause__, SecurityError):
                 raise
+
+    @property
+    def mentions_tools(self) -> bool:
+        """Whether the template reads a `tools` variable at all (one that does not cannot show them)."""
+        return "tools" in self.source
 
     def stop_tokens(self, added_vocab: dict[str, int]) -> tuple[int, ...]:
         """The end-of-turn special tokens (of `added_vocab`: text -> id) this template writes."""

@@ -21,7 +21,8 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]: ...
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            variables: dict[str, Any] | None = None) -> list[int]: ...
 
 
 class HFTokenizer:
@@ -51,10 +52,12 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            variables: dict[str, Any] | None = None) -> list[int]:
         """The model's own template writes its BOS where it wants one (as transformers, no special tokens
         are added to it); ours is a plain prompt, which gets them."""
-        return self._tok.encode(self.template.render(messages), add_special_tokens=self.template.builtin)
+        text = self.template.render(messages, tools=tools, variables=variables)
+        return self._tok.encode(text, add_special_tokens=self.template.builtin)
 
 
 class ByteTokenizer:
@@ -79,8 +82,9 @@ class ByteTokenizer:
         """Each id's bytes, for xgrammar's raw vocabulary: b"" for the special and unused ids."""
         return [bytes([i - self.OFFSET]) if self.OFFSET <= i < 256 + self.OFFSET else b"" for i in range(vocab_size)]
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.encode(builtin_template().render(messages))
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            variables: dict[str, Any] | None = None) -> list[int]:
+        return self.encode(builtin_template().render(messages, tools=tools, variables=variables))
 
 
 def load_tokenizer(kind: str, location: str, vocab_size: int, eos_token_ids: tuple[int, ...] = (),

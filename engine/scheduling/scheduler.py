@@ -67,6 +67,7 @@ class ScheduleResult:
     num_sampled: int = 0                # rows through the LM head: chunks reaching their last token (they yield a
                                         # token) plus prompt positions scored for prompt logprobs (head_rows)
     cache: CacheStep = NO_CACHE_STEP
+    num_grammar_rows: int = 0           # sampled rows held to a grammar (each priced with its mask's time)
 
     @staticmethod
     def of(scheduled: list[ScheduledRequest], num_preempted: int, knobs: Knobs, policy: str,
@@ -75,7 +76,7 @@ class ScheduleResult:
         (policies.step_shape per request). One pass, `num_tokens` read off the fields: it runs for
         every request every step."""
         decodes, others = [], []
-        tokens = context = pairs = sampled = 0
+        tokens = context = pairs = sampled = grammar_rows = 0
         context_tokens, attended_pairs = shape_functions(shape)
         for s in scheduled:
             n, c, request = s.num_tokens, s.context_len, s.request
@@ -85,9 +86,11 @@ class ScheduleResult:
             context += context_tokens(n, c)
             pairs += attended_pairs(n, c)
             sampled += head_rows(n, c, request)
+            if request.grammar is not None and samples(n, c, request.num_tokens):
+                grammar_rows += 1
         scheduled[:] = decodes + others
         return ScheduleResult(scheduled, num_preempted, knobs, policy, len(decodes), tokens, context, pairs, sampled,
-                              cache or NO_CACHE_STEP)
+                              cache or NO_CACHE_STEP, grammar_rows)
 
 
 class Scheduler:
