@@ -28,6 +28,14 @@ from telemetry.latency_summary import LatencySummary, summarize_requests
 
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# a constrained request's schema (RequestSpec.constrained): records of keys, numbers, strings and enums, more of
+# them than any max_tokens reaches, so the answer is held to the grammar at every token and, like ignore_eos,
+# runs to exactly max_tokens
+BENCH_SCHEMA = {"type": "array", "minItems": 100000, "items": {
+    "type": "object", "additionalProperties": False, "required": ["id", "name", "score", "tags"],
+    "properties": {"id": {"type": "integer", "minimum": 0}, "name": {"type": "string", "maxLength": 32},
+                   "score": {"type": "number", "minimum": 0, "maximum": 1},
+                   "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["new", "used", "rare", "sale"]}}}}}
 
 
 class BenchError(ValueError):
@@ -189,6 +197,8 @@ def request_body(prompt: str | list[int], spec: RequestSpec, model: str, endpoin
                             "stream": True, "stream_options": {"include_usage": True}}
     if spec.slo_class is not None:
         body["slo_class"] = spec.slo_class
+    if spec.constrained:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "records", "schema": BENCH_SCHEMA}}
     if endpoint == "chat":
         return {**body, "messages": [{"role": "user", "content": prompt}], "max_completion_tokens": spec.output_tokens}
     return {**body, "prompt": prompt}

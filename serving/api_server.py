@@ -26,6 +26,7 @@ from serving.engine_loop import EngineLoop, QueueFullError
 from engine.errors import EngineError, EngineFailed, InvalidRequestError
 from engine.llm_engine import LLMEngine
 from serving.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
+from serving.chat_plan import ChatParsers, ChatPlan, plan_chat
 from serving.choices import Choice, kept, usage
 from serving.logprobs_format import ReplyLogprobs
 from serving.request_fields import note_ignored
@@ -33,6 +34,7 @@ from serving.tokenize_api import add_tokenize_routes
 from engine.outputs import RequestOutput
 from engine.scheduling.request import Request
 from engine.slo_class import SloClass, SloClasses, shipped_slo_classes
+from engine.structured.constraint import Constraint
 from engine.structured.grammar_compiler import CompiledConstraint
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class ApiConfig:
     api_key: str | None = None              # required on /admin whenever set
     slo_classes: SloClasses = field(default_factory=shipped_slo_classes)   # what `slo_class` may name
     engine_stall_s: float | None = 600.0    # a step running longer is the engine's death (None: never)
+    chat_parsers: ChatParsers = field(default_factory=ChatParsers)   # reasoning and tool-call formats
 
 
 class ApiError(Exception):
@@ -137,7 +140,7 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
     async def completions(body: CompletionRequest, http: HttpRequest):
         loop = state.require_loop()
         prompts = body.prompts()
-        grammar = await _compiled_constraint(loop, body)
+        grammar = await _compiled(loop, body.constraint())
         groups = [loop.engine.fork(_make_request(state, loop, body, prompt, http, grammar), body.candidates)
                   for prompt in prompts]
         return await _respond(http, loop, groups, prompts, body, state.config.served_model_name, chat=False)
@@ -146,12 +149,15 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest):
         loop = state.require_loop()
         try:
-            prompt = loop.engine.tokenizer.apply_chat_template([m.as_template_input() for m in body.messages])
-        except Exception as e:
-            raise ApiError(400, f"cannot apply the chat template: {e}", param="messages") from e
-        grammar = await _compiled_constraint(loop, body)
-        group = loop.engine.fork(_make_request(state, loop, body, prompt, http, grammar), body.candidates)
-        return await _respond(http, loop, [group], [prompt], body, state.config.served_model_name, chat=True)
+            plan = plan_chat(body, loop.engine.tokenizer, state.config.chat_parsers)
+        except InvalidRequestError:
+            raise
+        except Exception as e:   # a template's own error (TypeError, ...) on this conversation
+            raise ApiError(400, f"cannot apply the chat template: {type(e).__name__}: {e}", param="messages") from e
+        grammar = await _compiled(loop, plan.constraint)
+        group = loop.engine.fork(_make_request(state, loop, body, plan.prompt, http, grammar), body.candidates)
+        return await _respond(http, loop, [group], [plan.prompt], body, state.config.served_model_name, chat=True,
+                              plan=plan)
 
     add_tokenize_routes(app, state)          # POST /tokenize, /detokenize (serving/tokenize_api.py)
     if extra_routes:
@@ -159,9 +165,8 @@ def build_app(state: ServerState, extra_routes: Callable[[FastAPI, ServerState],
     return app
 
 
-async def _compiled_constraint(loop: EngineLoop, body: SamplingFields) -> CompiledConstraint | None:
-    """The body's output constraint compiled on the grammar worker (a cached one at once), or None."""
-    constraint = body.constraint()
+async def _compiled(loop: EngineLoop, constraint: Constraint | None) -> CompiledConstraint | None:
+    """The output constraint compiled on the grammar worker (a cached one at once), or None."""
     return None if constraint is None else await loop.engine.grammars.compile_async(constraint)
 
 
@@ -238,17 +243,20 @@ async def _outputs(http: HttpRequest, loop: EngineLoop, requests: list[Request]
 
 
 async def _respond(http: HttpRequest, loop: EngineLoop, groups: list[list[Request]], prompts: list, body: SamplingFields,
-                   model: str, chat: bool):
-    """The reply to `groups` (per prompt, its candidates: n, or best_of), whole or streamed."""
+                   model: str, chat: bool, plan: ChatPlan | None = None):
+    """The reply to `groups` (per prompt, its candidates: n, or best_of), whole or streamed; a chat reply
+    parsed as `plan` says (reasoning, tool calls)."""
     tokenizer = loop.engine.tokenizer
+    shaped = plan is not None and plan.shapes_reply
     choices = [Choice(p * body.n + j, p, r,
-                      ReplyLogprobs(tokenizer, r, chat, _echo_text(body, prompts[p], r, loop, chat), body.wants_logprobs))
+                      ReplyLogprobs(tokenizer, r, chat, _echo_text(body, prompts[p], r, loop, chat), body.wants_logprobs),
+                      shaper=plan.streamer(r.request_id) if shaped else None)
                for p, group in enumerate(groups) for j, r in enumerate(group)]
     outputs = _outputs(http, loop, [c.request for c in choices])
     first = await anext(outputs)          # raises 429 here, before any byte is sent
     reply_id = groups[0][0].request_id
     if body.stream:
-        return StreamingResponse(_sse(first, outputs, reply_id, body, model, chat, choices),
+        return StreamingResponse(_sse(first, outputs, reply_id, body, model, chat, choices, loop),
                                  media_type="text/event-stream")
     out: tuple[int, RequestOutput] | None = first
     while out is not None:
@@ -258,15 +266,23 @@ async def _respond(http: HttpRequest, loop: EngineLoop, groups: list[list[Reques
         raise ApiError(500, "generation failed for this request", "server_error", code="internal_error")
     response = {"id": reply_id, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": model,
-                "choices": [_whole_choice(c, chat) for c in kept(choices, body.n)], "usage": usage(choices)}
+                "choices": [_whole_choice(c, chat, loop) for c in kept(choices, body.n)], "usage": usage(choices)}
     if chat and choices[0].request.scores_prompt:     # vLLM's extension: per reply for chat, per choice otherwise
         response["prompt_logprobs"] = choices[0].reply.prompt_logprobs
     return response
 
 
-def _whole_choice(c: Choice, chat: bool) -> dict[str, Any]:
+def _whole_choice(c: Choice, chat: bool, loop: EngineLoop) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": c.index, "finish_reason": c.last.finish_reason, "logprobs": c.reply.take()}
-    if chat:
+    if chat and c.shaper is not None:
+        first, last = c.shaper.feed(c.last.text), c.shaper.finish()
+        _count_malformed(loop, c)
+        reasoning, content, calls = first.reasoning + last.reasoning, first.content + last.content, c.shaper.calls
+        choice["message"] = {"role": "assistant", "content": content or None, "reasoning_content": reasoning or None,
+                             **({"tool_calls": [call.to_openai() for call in calls]} if calls else {})}
+        if calls and c.last.finish_reason == "stop":
+            choice["finish_reason"] = "tool_calls"
+    elif chat:
         choice["message"] = {"role": "assistant", "content": c.last.text}
     else:
         choice["text"] = c.reply.echo + c.last.text
@@ -283,7 +299,8 @@ def _echo_text(body: SamplingFields, prompt: str | list[int], request: Request, 
 
 
 async def _sse(first: tuple[int, RequestOutput], rest: AsyncIterator[tuple[int, RequestOutput]], reply_id: str,
-               body: SamplingFields, model: str, chat: bool, choices: list[Choice]) -> AsyncIterator[str]:
+               body: SamplingFields, model: str, chat: bool, choices: list[Choice],
+               loop: EngineLoop) -> AsyncIterator[str]:
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -294,7 +311,7 @@ async def _sse(first: tuple[int, RequestOutput], rest: AsyncIterator[tuple[int, 
         return f"data: {json.dumps(data)}\n\n"
 
     try:
-        async for line in _sse_lines(first, rest, chunk, chat, body.include_usage, choices):
+        async for line in _sse_lines(first, rest, chunk, chat, body.include_usage, choices, loop):
             yield line
     finally:  # a client that went away closes us; close the output stream so it aborts the requests
         await rest.aclose()
@@ -303,7 +320,7 @@ async def _sse(first: tuple[int, RequestOutput], rest: AsyncIterator[tuple[int, 
 
 async def _sse_lines(first: tuple[int, RequestOutput], rest: AsyncIterator[tuple[int, RequestOutput]],
                      chunk: Callable[..., str], chat: bool, include_usage: bool,
-                     choices: list[Choice]) -> AsyncIterator[str]:
+                     choices: list[Choice], loop: EngineLoop) -> AsyncIterator[str]:
     item: tuple[int, RequestOutput] | None = first
     while item is not None:
         c, out = choices[item[0]], item[1]
@@ -314,6 +331,14 @@ async def _sse_lines(first: tuple[int, RequestOutput], rest: AsyncIterator[tuple
         opening = c.opens()
         if chat and opening:
             yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        if c.shaper is not None:
+            part = _shaped_part(c, out)
+            if out.finished:
+                _count_malformed(loop, c)
+            if part is not None:
+                yield chunk([part])
+            item = await anext(rest, None)
+            continue
         prefix = c.reply.echo if opening else ""     # a completion with echo streams its prompt first
         if out.text_delta or out.finished or prefix:
             text = prefix + out.text_delta
@@ -325,6 +350,41 @@ async def _sse_lines(first: tuple[int, RequestOutput], rest: AsyncIterator[tuple
         item = await anext(rest, None)
     if include_usage:
         yield chunk([], usage(choices))
+
+
+def _shaped_part(c: Choice, out: RequestOutput) -> dict[str, Any] | None:
+    """A chat chunk's choice with the reasoning, content and tool-call deltas this output gives (None:
+    nothing to send yet, text held back while it may open a call or close the reasoning)."""
+    d = c.shaper.feed(out.text_delta)
+    if out.finished:
+        last = c.shaper.finish()
+        d.reasoning, d.content, d.tool_calls = d.reasoning + last.reasoning, d.content + last.content, \
+            d.tool_calls + last.tool_calls
+    delta: dict[str, Any] = {}
+    if d.reasoning:
+        delta["reasoning_content"] = d.reasoning
+    if d.content:
+        delta["content"] = d.content
+    if d.tool_calls:
+        delta["tool_calls"] = d.tool_calls
+        c.made_calls = True
+    if not delta and not out.finished:
+        return None
+    reason = out.finish_reason
+    if out.finished and c.made_calls and reason == "stop":
+        reason = "tool_calls"
+    return {"index": c.index, "delta": delta, "logprobs": c.reply.take(), "finish_reason": reason}
+
+
+def _count_malformed(loop: EngineLoop, c: Choice) -> None:
+    """Tool-call markers whose call did not parse, into the metrics (PrometheusMetrics.count_tool_call_failure)."""
+    if not c.shaper.malformed or c.shaper.tools is None:
+        return
+    for listener in loop.engine.arrival_listeners:
+        count = getattr(getattr(listener, "__self__", None), "count_tool_call_failure", None)
+        if callable(count):
+            count(c.shaper.format_name, c.shaper.malformed)
+            return
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from engine.outputs import RequestOutput
 from engine.scheduling.request import Request
 from serving.logprobs_format import ReplyLogprobs
+from serving.tool_calls.reply import ReplyStreamer
 
 
 @dataclass
@@ -19,6 +20,8 @@ class Choice:
     reply: ReplyLogprobs
     last: RequestOutput | None = None
     cumulative_logprob: float = 0.0
+    shaper: ReplyStreamer | None = None      # a chat reply parsed into reasoning, content and tool calls
+    made_calls: bool = False                 # a streamed reply has sent tool calls (finish_reason tool_calls)
     _opened: bool = field(default=False, repr=False)
 
     def add(self, out: RequestOutput) -> None:

@@ -194,8 +194,9 @@ class ChatMessage(BaseModel):
         """The message as transformers gives templates: what was sent, a call's arguments as an object."""
         content = self.content if isinstance(self.content, str) or self.content is None else \
             "".join(p.text for p in self.content)
+        # "" rather than null: templates test `'x' in message.content` or concatenate it (Qwen 3, Phi-4-mini)
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
-                                   "content": content if content is not None or self.tool_calls else ""}
+                                   "content": content if content is not None else ""}
         if self.tool_calls:
             message["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
         for key in ("name", "tool_call_id", "reasoning_content"):

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from serving.api_server import ApiConfig
+from serving.chat_plan import AUTO, REASONING_PARSERS, TOOL_CALL_PARSERS, ChatParsers
 from serving.auth import AuthConfig, AuthError, Key, load_keys_file, merge_keys, parse_keys
 from serving.daemon_config import DaemonConfig
 from engine.engine_config import EngineConfig
@@ -84,6 +85,9 @@ class Settings:
                                   "take at run time (the warm-up is sized for it)")
     prefix_caching: bool = owned(EngineConfig, "enable_prefix_caching", "reuse the KV blocks of prompt prefixes "
                                  "already in the pool")
+    jump_forward: bool = owned(EngineConfig, "jump_forward", "a constrained request's grammar-forced tokens "
+                               "(a schema's keys and punctuation) join its output at once, computed as one chunk, "
+                               "instead of one decode step each")
     hybrid_kv_cache: bool = owned(EngineConfig, "hybrid_kv_cache", "a model with sliding-window layers (Gemma 3) "
                                   "gives their KV pages back as each request's window passes; false: every layer "
                                   "keeps every block")
@@ -119,6 +123,12 @@ class Settings:
                              "Retry-After")
     max_body_bytes: int = owned(ApiConfig, "max_body_bytes", "largest request body accepted")
     default_max_tokens: int = owned(ApiConfig, "default_max_tokens", "max_tokens of a request that names none")
+    tool_call_parser: str = setting("the format the model writes tool calls in: auto (read off its chat "
+                                    "template), none (tools refused), or one by name", default=AUTO,
+                                    choices=TOOL_CALL_PARSERS)
+    reasoning_parser: str = setting("how a reply's reasoning is split off into reasoning_content: auto (where "
+                                    "the chat template writes <think> blocks), none, or think (<think>...</think>)",
+                                    default=AUTO, choices=REASONING_PARSERS)
     grace_s: float = owned(DaemonConfig, "grace_s", "on SIGTERM, how long in-flight requests may finish")
     engine_stall_s: float = owned(ApiConfig, "engine_stall_s", "a step running longer is the engine's death: open "
                                   "requests end with an error and the daemon exits 3 (0: never)")
@@ -141,6 +151,7 @@ class Settings:
                             kv_cache_dtype=self.kv_cache_dtype,
                             max_model_len=self.max_model_len, policy=self.policy, knobs=self.knob_values(),
                             max_token_budget=self.max_token_budget, enable_prefix_caching=self.prefix_caching,
+                            jump_forward=self.jump_forward,
                             hybrid_kv_cache=self.hybrid_kv_cache, logprobs_mode=self.logprobs_mode)
 
     def knob_values(self) -> Knobs:
@@ -178,7 +189,8 @@ class Settings:
         return ApiConfig(served_model_name=served_model_name, max_waiting=self.max_waiting,
                          max_body_bytes=self.max_body_bytes, default_max_tokens=self.default_max_tokens,
                          api_key=next((k.key for k in self.auth_config().client_keys), None),
-                         slo_classes=self.slo_class_values(), engine_stall_s=self.engine_stall_s or None)
+                         slo_classes=self.slo_class_values(), engine_stall_s=self.engine_stall_s or None,
+                         chat_parsers=ChatParsers(self.tool_call_parser, self.reasoning_parser))
 
     def client_keys(self) -> list[str]:
         """`api_key`'s keys, else AUTOTUNED_SERVE_API_KEY's (comma-separated)."""

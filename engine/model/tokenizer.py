@@ -54,9 +54,15 @@ class HFTokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                             variables: dict[str, Any] | None = None) -> list[int]:
+        return self.encode_chat(self.render_chat(messages, tools, variables))
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    variables: dict[str, Any] | None = None) -> str:
+        return self.template.render(messages, tools=tools, variables=variables)
+
+    def encode_chat(self, text: str) -> list[int]:
         """The model's own template writes its BOS where it wants one (as transformers, no special tokens
         are added to it); ours is a plain prompt, which gets them."""
-        text = self.template.render(messages, tools=tools, variables=variables)
         return self._tok.encode(text, add_special_tokens=self.template.builtin)
 
 
@@ -84,7 +90,14 @@ class ByteTokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                             variables: dict[str, Any] | None = None) -> list[int]:
-        return self.encode(builtin_template().render(messages, tools=tools, variables=variables))
+        return self.encode_chat(self.render_chat(messages, tools, variables))
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    variables: dict[str, Any] | None = None) -> str:
+        return builtin_template().render(messages, tools=tools, variables=variables)
+
+    def encode_chat(self, text: str) -> list[int]:
+        return self.encode(text)
 
 
 def load_tokenizer(kind: str, location: str, vocab_size: int, eos_token_ids: tuple[int, ...] = (),

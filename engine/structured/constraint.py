@@ -58,3 +58,24 @@ class Constraint:
     @staticmethod
     def structural_tag(tag: dict[str, Any], param: str = "tools") -> Constraint:
         return Constraint(ConstraintKind.STRUCTURAL_TAG, json.dumps(tag), param)
+
+    def tag_format(self) -> dict[str, Any]:
+        """The constraint as a format inside an xgrammar structural tag (to follow a reasoning block)."""
+        kind, spec = self.kind, self.spec
+        if kind is ConstraintKind.JSON_OBJECT:
+            return {"type": "json_schema", "json_schema": {"type": "object"}}
+        if kind is ConstraintKind.JSON_SCHEMA:
+            return {"type": "json_schema", "json_schema": json.loads(spec)}
+        if kind is ConstraintKind.REGEX:
+            return {"type": "regex", "pattern": spec}
+        if kind is ConstraintKind.CHOICE:
+            return {"type": "grammar", "grammar": choice_grammar(spec)}
+        if kind is ConstraintKind.GRAMMAR:
+            return {"type": "grammar", "grammar": spec}
+        tag = json.loads(spec)
+        return tag["format"] if tag.get("type") == "structural_tag" else tag
+
+
+def choice_grammar(options_json: str) -> str:
+    """An EBNF accepting exactly one of the options (their JSON string forms are valid EBNF literals)."""
+    return "root ::= " + " | ".join(json.dumps(o) for o in json.loads(options_json))

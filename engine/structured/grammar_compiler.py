@@ -5,7 +5,6 @@ xgrammar's compile releases the GIL, so a compile costs the engine loop a core's
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import Any
 import xgrammar as xgr
 
 from engine.errors import InvalidRequestError
-from engine.structured.constraint import Constraint, ConstraintKind
+from engine.structured.constraint import Constraint, ConstraintKind, choice_grammar
 from engine.structured.schema_support import check_supported
 
 log = logging.getLogger(__name__)
@@ -144,8 +143,3 @@ def _compile_with(compiler: xgr.GrammarCompiler, constraint: Constraint) -> xgr.
         return compiler.compile_grammar(spec)
     return compiler.compile_structural_tag(spec)
 
-
-def choice_grammar(options_json: str) -> str:
-    """An EBNF accepting exactly one of the options (their JSON string forms are valid EBNF literals)."""
-    options = json.loads(options_json)
-    return "root ::= " + " | ".join(json.dumps(o) for o in options)

@@ -21,6 +21,8 @@ _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 # a call's arguments with no `parameters` declared: any object
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# whitespace runs inside arguments: ", " and ": " fit; longer runs are where small models loop until max_tokens
+MAX_WHITESPACE = 2
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,8 @@ def structural_tag(fmt: dict[str, Any]) -> dict[str, Any]:
 
 def call_tag(begin: str, function: Function, end: str) -> dict[str, Any]:
     """`begin`, the arguments as the function's schema has them, `end`."""
-    return {"type": "tag", "begin": begin,
-            "content": {"type": "json_schema", "json_schema": function.parameters}, "end": end}
+    return {"type": "tag", "begin": begin, "content": {"type": "json_schema", "json_schema": function.parameters,
+                                                       "max_whitespace_cnt": MAX_WHITESPACE}, "end": end}
 
 
 def separated(tags: list[dict[str, Any]], separator: str, parallel: bool) -> dict[str, Any]:
@@ -100,9 +102,10 @@ def separated(tags: list[dict[str, Any]], separator: str, parallel: bool) -> dic
 def calls_anywhere(choice: Choice, trigger: str, tag_of: Callable[[Function], dict[str, Any]],
                    separator: str) -> dict[str, Any]:
     """Calls that each begin with `trigger` (Hermes blocks, Llama objects, Mistral's `[TOOL_CALLS]name`):
-    among free text for "auto", from the start for "required", back to back for a named function."""
+    among free text for "auto"; for "required" and a named function, calls back to back and nothing else
+    (OpenAI's "required" reply carries calls only)."""
     tags = [tag_of(f) for f in choice.functions]
-    if choice.mode == "named":
+    if choice.mode != "auto":
         return structural_tag(separated(tags, separator, choice.parallel))
     return structural_tag({"type": "triggered_tags", "triggers": [trigger], "tags": tags,
                            "at_least_one": choice.mode == "required",
@@ -132,5 +135,5 @@ def builtin(model: str, choice: Choice) -> dict[str, Any]:
         {"type": "function", "function": {"name": choice.functions[0].name}} if choice.mode == "named"
         else choice.mode)
     tag = xgr.get_model_structural_tag(model, tools=tools, tool_choice=tool_choice, reasoning="disabled",
-                                       parallel_tool_calls=choice.parallel)
+                                       parallel_tool_calls=choice.parallel, max_whitespace_cnt=MAX_WHITESPACE)
     return tag.model_dump(mode="json")

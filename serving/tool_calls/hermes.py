@@ -38,7 +38,7 @@ class HermesFormat(MarkerFormat):
         choice = grammar.choice_of(tools, tool_choice, parallel_tool_calls)
         if choice is None:
             return None
-        if choice.mode == "named" and choice.parallel:
+        if choice.mode != "auto":
             return grammar.calls_anywhere(choice, OPEN, _call_tag, "\n")
         return grammar.builtin("qwen_3", choice)     # xgrammar's writes these blocks exactly
 

@@ -44,7 +44,7 @@ class Llama3JsonFormat(MarkerFormat):
         choice = grammar.choice_of(tools, tool_choice, parallel_tool_calls)
         if choice is None:
             return None
-        if choice.mode == "named" and choice.parallel:
+        if choice.mode != "auto":
             return grammar.calls_anywhere(choice, '{"name": ', _call_tag, "; ")
         return grammar.builtin("llama", choice)       # xgrammar's writes these objects exactly
 

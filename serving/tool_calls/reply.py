@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serving.reasoning_parser import ReasoningParser, ReasoningStreamer
-from serving.tool_calls.call import CallId, ParsedReply
+from serving.tool_calls.call import CallId, ParsedReply, ToolCall
 from serving.tool_calls.format import ToolCallFormat
 from serving.tool_calls.streaming import ToolCallStreamer
 
@@ -26,6 +26,7 @@ class ReplyStreamer:
     def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallFormat | None, call_id: CallId) -> None:
         self._reasoning: ReasoningStreamer | None = reasoning.streamer() if reasoning else None
         self.tools: ToolCallStreamer | None = tools.streamer(call_id) if tools else None
+        self.format_name = tools.name if tools else None
 
     def feed(self, text_delta: str) -> ReplyDelta:
         reasoning, content = self._reasoning.feed(text_delta) if self._reasoning else ("", text_delta)
@@ -38,6 +39,11 @@ class ReplyStreamer:
     @property
     def malformed(self) -> int:
         return self.tools.malformed if self.tools else 0
+
+    @property
+    def calls(self) -> tuple[ToolCall, ...]:
+        """The calls found so far."""
+        return tuple(self.tools.calls) if self.tools else ()
 
     def _content(self, reasoning: str, content: str, final: bool) -> ReplyDelta:
         if self.tools is None:
