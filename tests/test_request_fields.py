@@ -268,3 +268,23 @@ def test_the_docs_table_lists_every_field_without_effect():
             policy = "refused" if rule.policy is Policy.REFUSED_UNLESS_DEFAULT else "ignored"
             assert any(line.startswith(f"| `{name}` |") and f"| {policy} |" in line for line in page.splitlines()), \
                 f"docs/serving.md's table of fields without effect lacks {name} ({policy})"
+
+
+def test_the_serving_guide_lists_every_field_without_effect():
+    """docs/serving.md's table of refused and ignored fields is the policy, row for row."""
+    import re
+    from pathlib import Path
+
+    from serving.request_fields import CHAT_FIELDS, COMPLETION_FIELDS, policy_table
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()
+    table = text[text.index("### Fields without effect"):]
+    listed = {(name, endpoint, policy) for name, endpoint, policy in
+              re.findall(r"^\| `(\w+)` \| (chat|completions|both) \| (refused|ignored) \|", table, re.M)}
+    expected = set()
+    for endpoint, rules in (("chat", CHAT_FIELDS), ("completions", COMPLETION_FIELDS)):
+        for name, rule in policy_table(rules):
+            expected.add((name, endpoint, rule.policy.value.split()[0]))
+    both = {(n, p) for n, e, p in expected if e == "chat"} & {(n, p) for n, e, p in expected if e == "completions"}
+    expected = {(n, e, p) for n, e, p in expected if (n, p) not in both} | {(n, "both", p) for n, p in both}
+    assert listed == expected
