@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -97,7 +96,7 @@ def measure_tbt(url: str, levels: list[int], rounds: int, max_tokens: int) -> di
 
 
 def jump_forward_batch(url: str, requests: int) -> dict:
-    body = {"max_tokens": 200, "temperature": 0,
+    body = {"max_tokens": 400, "temperature": 0,
             "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": LONG_KEYS}}}
     prompts = [f"Invent order number {i} of a customer, as JSON." for i in range(requests)]
 
@@ -156,6 +155,52 @@ def measure_goodput(url: str, model: str | None, qps: float, duration_s: float, 
     return {"qps": qps, "duration_s": duration_s, "runs": found, "ratio": ratio}
 
 
+def _ratio(numerator: list[float], denominator: list[float]) -> float:
+    return statistics.median(numerator) / statistics.median(denominator)
+
+
+def render_doc(paths: list[Path]) -> str:
+    """One table per part the results files hold."""
+    out = []
+    for path in paths:
+        r = results_file.read(path)
+        m = r["meta"]["machine"]
+        where = f"{Path(r['model']).name}, {m['cpu_model']}, {m['cores']} cores, {r['rounds']} rounds"
+        if "tbt" in r:
+            out += [f"TBT of JSON-schema streams against unconstrained ones ({where}; medians over rounds, ms):", "",
+                    "| streams | P50 text | P50 schema | ratio | P99 text | P99 schema | ratio |",
+                    "|---:|---:|---:|---:|---:|---:|---:|"]
+            for streams, modes in r["tbt"].items():
+                t, j = modes["text"], modes["json_schema"]
+                out.append(f"| {streams} | {statistics.median(t['p50_s']) * 1e3:.1f} | "
+                           f"{statistics.median(j['p50_s']) * 1e3:.1f} | **{_ratio(j['p50_s'], t['p50_s']):.2f}x** | "
+                           f"{statistics.median(t['p99_s']) * 1e3:.1f} | {statistics.median(j['p99_s']) * 1e3:.1f} | "
+                           f"**{_ratio(j['p99_s'], t['p99_s']):.2f}x** |")
+            out.append("")
+        if "jump_forward" in r:
+            jf = r["jump_forward"]
+            on, off = jf["runs"]["jump_forward"], jf["runs"]["no_jump_forward"]
+            out += [f"Jump-forward on a schema of long fixed keys ({where}; {jf['requests']} concurrent requests):", "",
+                    "| | output tokens/s | batch seconds | answers finished |", "|---|---:|---:|---:|"]
+            for label, runs in (("jump-forward", on), ("--no-jump-forward", off)):
+                done = sum(f == "stop" for f in runs[0]["finish_reasons"])
+                out.append(f"| {label} | {statistics.median(x['tokens_per_s'] for x in runs):.1f} | "
+                           f"{statistics.median(x['seconds'] for x in runs):.1f} | {done} of {jf['requests']} |")
+            out += ["", f"Output tokens per second **{jf['speedup']:.2f}x**; batch time "
+                        f"**{statistics.median(x['seconds'] for x in off) / statistics.median(x['seconds'] for x in on):.2f}x** "
+                        f"shorter; {jf['same_answers']} of {jf['requests']} answers identical.", ""]
+        if "goodput" in r:
+            g = r["goodput"]
+            text = [x["goodput_rps"] for x in g["runs"]["text"]]
+            half = [x["goodput_rps"] for x in g["runs"]["half_constrained"]]
+            out += [f"Goodput at {g['qps']} req/s of chat, {g['duration_s']:.0f} s of arrivals a run ({where}):", "",
+                    "| traffic | goodput (req/s) per round |", "|---|---|",
+                    f"| all text | {', '.join(f'{x:.3f}' for x in text)} |",
+                    f"| half JSON-schema | {', '.join(f'{x:.3f}' for x in half)} |", "",
+                    f"Half constrained over all text: **{g['ratio']:.2f}x**.", ""]
+    return "\n".join(out).rstrip()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="the daemon's --model (default: the bundled one)")
@@ -188,7 +233,7 @@ def main() -> None:
     if "jump_forward" in parts:
         found["jump_forward"] = measure_jump_forward(args.model, args.port, args.jump_requests, args.rounds)
     results_file.write(args.json, found)
-    print(json.dumps({k: v for k, v in found.items() if k != "jump_forward"}, indent=1)[:4000])
+    print(render_doc([Path(args.json)]))
 
 
 if __name__ == "__main__":
