@@ -206,3 +206,27 @@ def test_the_constraint_kinds_compile_to_grammars_that_refuse_what_they_should()
     state = GrammarState(compiled)
     assert all(state.accept(t) for t in ids)
     assert not GrammarState(compiled).accept(engine.tokenizer.encode("c")[0])
+
+
+def test_a_greedy_row_is_masked_only_where_its_pick_is_refused():
+    """The deferred mask picks what the full mask picks: the unmasked argmax where allowed, else the best
+    allowed token; a sampled row is masked in full."""
+    import torch
+    import xgrammar as xgr
+
+    from engine.sampler import Sampler, SampleRow
+    from engine.sampling_params import SamplingParams
+    from engine.structured.step_masks import FilledMasks
+
+    vocab = 64
+    bitmask = xgr.allocate_token_bitmask(3, vocab)
+    bitmask[:, 0] = 0
+    bitmask[:, 1] = 0b1010                    # tokens 33 and 35 allowed in every row
+    logits = torch.randn(3, vocab)
+    logits[0, 33] = 50.0                      # row 0's argmax is allowed; row 1's (token 7) is not
+    logits[1, 7], logits[1, 35] = 50.0, 10.0
+    masks = FilledMasks(bitmask, [0, 1, 2], 0.0)
+    greedy, sampled = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=1)
+    rows = [SampleRow("a", greedy), SampleRow("b", greedy), SampleRow("c", sampled)]
+    picked = Sampler().sample(logits.clone(), rows, masks).tokens
+    assert picked[0] == 33 and picked[1] == 35 and picked[2] in (33, 35)

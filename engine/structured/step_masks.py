@@ -55,10 +55,20 @@ def _fill(states: list[GrammarState | None], rows: list[int], vocab_size: int) -
     return FilledMasks(bitmask, rows, time.perf_counter() - start)
 
 
-def apply_masks(logits: torch.Tensor, masks: FilledMasks) -> None:
-    """-inf on the tokens each constrained row may not take (logits: [sampling rows, vocab], in place)."""
+def apply_masks(logits: torch.Tensor, masks: FilledMasks, rows: list[int]) -> None:
+    """-inf on the tokens each of `rows` (constrained rows) may not take (logits: [sampling rows, vocab],
+    in place)."""
     import xgrammar as xgr
 
     bitmask = masks.bitmask.to(logits.device, non_blocking=True)
-    indices = None if len(masks.rows) == logits.shape[0] else masks.rows
+    indices = None if len(rows) == logits.shape[0] else rows
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[1], indices=indices)
+
+
+def refused(masks: FilledMasks, rows: list[int], tokens: torch.Tensor) -> list[int]:
+    """Those of `rows` whose token in `tokens` (one per sampling row) their mask does not allow."""
+    index = torch.tensor(rows)
+    picked = tokens.cpu()[index]
+    words = masks.bitmask[index, picked >> 5]
+    allowed = (words >> (picked & 31)) & 1
+    return [row for row, ok in zip(rows, allowed.tolist()) if not ok]
