@@ -230,3 +230,36 @@ def test_a_greedy_row_is_masked_only_where_its_pick_is_refused():
     rows = [SampleRow("a", greedy), SampleRow("b", greedy), SampleRow("c", sampled)]
     picked = Sampler().sample(logits.clone(), rows, masks).tokens
     assert picked[0] == 33 and picked[1] == 35 and picked[2] in (33, 35)
+
+
+def unsupported_cases() -> list[dict]:
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "structured_outputs" / "unsupported.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("case", unsupported_cases(), ids=lambda c: c["name"])
+def test_every_schema_the_grammar_would_not_enforce_is_refused_naming_its_keyword(case):
+    from engine.errors import InvalidRequestError
+    from engine.structured.schema_support import check_supported, searching_patterns
+
+    if "served" in case:       # enforced after rewriting: the instance raw xgrammar refused is accepted
+        from engine.structured.grammar_state import GrammarState
+        engine = LLM(kv_cache_memory_mb=16).engine
+        compiled = engine.grammars.compile(Constraint.json_schema(case["schema"]))
+        state = GrammarState(compiled)
+        text = json.dumps(case["valid_rejected"], separators=(", ", ": "))
+        assert all(state.accept(t) for t in engine.tokenizer.encode(text)), searching_patterns(case["schema"])
+        return
+    with pytest.raises(InvalidRequestError) as refused:
+        check_supported(case["schema"], "response_format.json_schema", strict=True)
+    assert any(keyword in str(refused.value) for keyword in case["keywords"]), str(refused.value)
+
+
+def test_every_schema_of_the_suite_is_served():
+    from pathlib import Path
+    from engine.structured.schema_support import check_supported
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "structured_outputs" / "schemas.jsonl"
+    for line in path.read_text().splitlines():
+        check_supported(json.loads(line)["schema"], "response_format.json_schema", strict=True)

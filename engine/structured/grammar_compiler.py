@@ -5,6 +5,7 @@ xgrammar's compile releases the GIL, so a compile costs the engine loop a core's
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -18,7 +19,7 @@ import xgrammar as xgr
 
 from engine.errors import InvalidRequestError
 from engine.structured.constraint import Constraint, ConstraintKind, choice_grammar
-from engine.structured.schema_support import check_supported
+from engine.structured.schema_support import check_supported, searching_patterns
 
 log = logging.getLogger(__name__)
 
@@ -129,12 +130,13 @@ class GrammarCompiler:
 def _compile_with(compiler: xgr.GrammarCompiler, constraint: Constraint) -> xgr.CompiledGrammar:
     kind, spec = constraint.kind, constraint.spec
     if kind in (ConstraintKind.JSON_OBJECT, ConstraintKind.JSON_SCHEMA):
-        schema = ANY_OBJECT if kind is ConstraintKind.JSON_OBJECT else spec
-        check_supported(schema, constraint.param)
+        schema = json.loads(ANY_OBJECT if kind is ConstraintKind.JSON_OBJECT else spec)
+        strict = constraint.strict and kind is ConstraintKind.JSON_SCHEMA
+        check_supported(schema, constraint.param, strict)
         # whitespace fixed to JSON's usual separators: a free-whitespace grammar lets small models loop on
         # newlines until max_tokens
-        strict = constraint.strict and kind is ConstraintKind.JSON_SCHEMA
-        return compiler.compile_json_schema(schema, strict_mode=strict, any_whitespace=False, separators=(", ", ": "))
+        return compiler.compile_json_schema(json.dumps(searching_patterns(schema)), strict_mode=strict,
+                                            any_whitespace=False, separators=(", ", ": "))
     if kind is ConstraintKind.REGEX:
         return compiler.compile_regex(spec)
     if kind is ConstraintKind.CHOICE:
