@@ -105,7 +105,8 @@ class RequestRecord:
 
     @property
     def tpot_s(self) -> float | None:
-        """Mean decode time per output token after the first."""
-        if len(self.token_times) < 2 or self.num_output_tokens < 2:
+        """Mean decode time per output token after the first: first token to finish over the tokens after the
+        first (a step that emits several tokens counts each)."""
+        if self.first_token is None or self.num_output_tokens < 2:
             return None
-        return (self.token_times[-1] - self.token_times[0]) / (self.num_output_tokens - 1)
+        return (self.finished - self.first_token) / (self.num_output_tokens - 1)
