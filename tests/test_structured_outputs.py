@@ -5,6 +5,7 @@ without changing the answer, and grammars compile off the engine loop."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 
@@ -263,3 +264,18 @@ def test_every_schema_of_the_suite_is_served():
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "structured_outputs" / "schemas.jsonl"
     for line in path.read_text().splitlines():
         check_supported(json.loads(line)["schema"], "response_format.json_schema", strict=True)
+
+
+REAL_FILES = [os.path.expanduser(f"~/.cache/autotuned-models/qwen2.5-coder-{size}.gguf") for size in ("0.5b", "1.5b")]
+
+
+@pytest.mark.parametrize("path", REAL_FILES, ids=["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+def test_openai_parse_on_the_real_files(path):
+    if not os.path.exists(path):
+        pytest.skip(f"{path} is absent (../shared/models/get-model.sh fetches it)")
+    api = ApiConfig(served_model_name="qwen", max_waiting=8, default_max_tokens=64)
+    with LiveServer(lambda: LLMEngine(EngineConfig(model=path, kv_cache_memory_mb=64)), api) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        r = client.chat.completions.parse(model="qwen", messages=ASK, max_tokens=80, temperature=0,
+                                          response_format=Person)
+        assert isinstance(r.choices[0].message.parsed, Person)
