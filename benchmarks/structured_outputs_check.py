@@ -69,13 +69,15 @@ class SuiteItem:
 @dataclass(frozen=True)
 class UnsupportedCase:
     """A schema the server must refuse with a message naming one of `keywords`; `proofs` holds the line's
-    `violating` and `valid_rejected` instances (see the module's docstring)."""
+    `violating` and `valid_rejected` instances (see the module's docstring). `served`: how the server enforces
+    it after all (rewriting it), where it does: then its answer must validate instead."""
     name: str
     keywords: list[str]
     prompt: str
     schema: dict[str, Any]
     reason: str
     proofs: dict[str, Any] = field(default_factory=dict)
+    served: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ class RefusalResult:
     names_keyword: bool         # a 400 whose message names one of the keywords
     message: str
     output_valid: bool | None   # where the server answered 200: whether the answer satisfies the schema
+    handled: bool = False       # refused naming a keyword; or, for a case the server rewrites, answered validly
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,8 @@ def load_suite(path: Path = SCHEMAS) -> list[SuiteItem]:
 def load_unsupported(path: Path = UNSUPPORTED) -> list[UnsupportedCase]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [UnsupportedCase(r["name"], r["keywords"], r["prompt"], r["schema"], r["reason"],
-                            {k: r[k] for k in ("violating", "valid_rejected") if k in r}) for r in rows]
+                            {k: r[k] for k in ("violating", "valid_rejected") if k in r}, r.get("served"))
+            for r in rows]
 
 
 def validator(schema: dict[str, Any]) -> Draft202012Validator:
@@ -202,10 +206,10 @@ def run_unsupported(client: httpx.Client, model: str, case: UnsupportedCase) -> 
     status, body, _ = post_chat(client, request_body(model, case.name, case.prompt, case.schema, 128))
     if status == 200 and isinstance(body, dict):
         _, valid, _ = check_content(case.schema, body["choices"][0]["message"].get("content"))
-        return RefusalResult(case.name, case.keywords, status, False, "", valid)
+        return RefusalResult(case.name, case.keywords, status, False, "", valid, case.served is not None and valid)
     message = error_message(body)
-    return RefusalResult(case.name, case.keywords, status, status == 400 and names_any(message, case.keywords),
-                         message[:300], None)
+    names = status == 400 and names_any(message, case.keywords)
+    return RefusalResult(case.name, case.keywords, status, names, message[:300], None, names and case.served is None)
 
 
 def names_any(message: str, keywords: list[str]) -> bool:
@@ -281,7 +285,7 @@ def summarize(label: str, model: str, results: list[ItemResult], refusals: list[
     stopped = [r for r in results if r.finish_reason == "stop"]
     stop_share = share(len(stopped), len(results))
     valid_share = share(sum(r.valid for r in stopped), len(stopped))
-    refused = share(sum(r.names_keyword for r in refusals), len(refusals))
+    refused = share(sum(r.handled for r in refusals), len(refusals))
     parsed = None if parses is None else share(sum(p.parsed for p in parses), len(parses))
     meets = (stop_share is not None and stop_share >= TARGET_STOP_SHARE and valid_share is not None
              and valid_share >= TARGET_VALID_SHARE and refused in (None, 1.0) and parsed in (None, 1.0))

@@ -193,7 +193,7 @@ def result(name: str, finish: str | None, valid: bool) -> check.ItemResult:
 
 def test_the_summary_shares_and_targets():
     results = [result(f"s{i}", "stop", True) for i in range(9)] + [result("cut", "length", False)]
-    refusals = [check.RefusalResult("n", ["not"], 400, True, "not is not supported", None)]
+    refusals = [check.RefusalResult("n", ["not"], 400, True, "not is not supported", None, True)]
     s = check.summarize("x", "m", results, refusals, None, {"checked": [], "unchecked": {}})
     assert (s["stop_share"], s["valid_share_of_stop"], s["unsupported_refused_share"], s["meets_targets"]) == \
         (0.9, 1.0, 1.0, True)
