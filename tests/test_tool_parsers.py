@@ -119,6 +119,26 @@ def test_a_reply_without_calls_is_its_text(name: str) -> None:
     _expect(FORMATS[name].parse("", call_ids), None, [])
 
 
+@pytest.mark.parametrize("text, content, calls", [
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', None, [("get_weather", '{"city": "Paris"}')]),
+    ('  {"name": "f", "arguments": {}}\n', None, [("f", "{}")]),
+    ('Call it: {"name": "f", "arguments": {}}', 'Call it: {"name": "f", "arguments": {}}', []),
+    ('{"city": "Paris"}', '{"city": "Paris"}', []),
+    ('{"name": "f", "arguments": {', '{"name": "f", "arguments": {', []),
+])
+def test_hermes_reads_a_bare_call_object_that_opens_the_reply(text: str, content: str | None,
+                                                               calls: list[tuple[str, str]]) -> None:
+    """Qwen2.5-Coder's small models write the call without its block: at the start of a reply it is the call;
+    after prose, or not a call object, it is text (and no malformed call)."""
+    _expect(format_named("hermes").parse(text, call_ids), content, calls)
+    streamer, assembled = format_named("hermes").streamer(call_ids), []
+    for i in range(0, len(text), 3):
+        assembled.append(streamer.feed(text[i:i + 3]))
+    assembled.append(streamer.finish())
+    assert "".join(d.content for d in assembled) == (content or "")
+    assert len([c for d in assembled for c in d.tool_calls if "id" in c]) == len(calls)
+
+
 def test_hermes_blocks_apart_with_text_between_keep_the_text() -> None:
     text = _hermes(CALLS[:1], 0) + "\nand then\n" + _hermes(CALLS[1:], 0) + "\n"
     _expect(format_named("hermes").parse(text, call_ids), "and then", CALLS)

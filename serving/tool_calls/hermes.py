@@ -4,7 +4,9 @@
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-Several calls are several blocks (Qwen's templates put a newline between them). In Qwen 2.5's
+Several calls are several blocks (Qwen's templates put a newline between them). A reply that opens with
+the bare call object, no block around it (what the small Qwen2.5-Coder models write under their tool
+prompt), is that call: only at the start, where no prose can hold a `{`. In Qwen 2.5's
 tokenizer `<tool_call>` and `</tool_call>` are added tokens that are not special (user-defined in its
 GGUF files), so a detokenizer that skips special tokens keeps them."""
 
@@ -14,7 +16,7 @@ from typing import Any
 
 from serving.tool_calls import grammar
 from serving.tool_calls.format import MarkerFormat, delimited
-from serving.tool_calls.json_object import CallSpec, calls_between
+from serving.tool_calls.json_object import CallSpec, call_of, calls_between, opens_name, read_object
 from serving.tool_calls.scanner import Region
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -23,9 +25,19 @@ _CALL = CallSpec(args_keys=("arguments",))
 
 class HermesFormat(MarkerFormat):
     name = "hermes"
-    markers = (OPEN,)
+    markers = (OPEN, "{")
+
+    def __init__(self, bare_calls: bool = True) -> None:
+        self.bare_calls = bare_calls      # False once a stream has sent text: a `{` can no longer open the reply
+
+    @property
+    def after_start(self) -> HermesFormat:
+        """The reader for the rest of a stream that has begun."""
+        return HermesFormat(bare_calls=False)
 
     def read_region(self, text: str, start: int, final: bool) -> Region | None:
+        if not text.startswith(OPEN, start):
+            return _bare_call(text, start, final) if self.bare_calls else Region(start + 1)
         span = delimited(text, start, OPEN, CLOSE, final)
         if span is None:
             return None
@@ -41,6 +53,22 @@ class HermesFormat(MarkerFormat):
         if choice.mode != "auto":
             return grammar.calls_anywhere(choice, OPEN, _call_tag, "\n")
         return grammar.builtin("qwen_3", choice)     # xgrammar's writes these blocks exactly
+
+
+def _bare_call(text: str, start: int, final: bool) -> Region | None:
+    """The `{` at text[start]: a call where it opens the reply with a complete call object, else text (a
+    JSON answer that is not a call is an answer, not a malformed call)."""
+    if text[:start].strip():
+        return Region(start + 1)
+    head = opens_name(text, start)
+    if not head:
+        return Region(start + 1) if head is False or final else None
+    try:
+        members, end = read_object(text, start)
+    except ValueError:          # not closed yet, or not JSON: only the end of the reply tells which
+        return Region(start + 1) if final else None
+    call = call_of(text, members, _CALL)
+    return Region(end, (call,)) if call else Region(start + 1)
 
 
 def _call_tag(function: grammar.Function) -> dict[str, Any]:

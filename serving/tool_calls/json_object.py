@@ -31,6 +31,9 @@ class CallSpec:
     name_key: str = "name"
 
 
+NAME_KEY = '"name"'
+
+
 def skip_ws(text: str, i: int) -> int:
     while i < len(text) and text[i] in WHITESPACE:
         i += 1
@@ -147,3 +150,13 @@ def _objects(text: str, i: int, several: bool) -> tuple[list[list[Member]], int]
         if not several or text[after:after + 1] != ",":
             return objects, i
         i = skip_ws(text, after + 1)
+
+
+def opens_name(text: str, i: int) -> bool | None:
+    """Whether text[i:] opens `{"name":` (whitespace allowed); None where the text ends before it tells."""
+    j = skip_ws(text, i + 1)
+    key = text[j:j + len(NAME_KEY)]
+    if key != NAME_KEY:
+        return None if len(key) < len(NAME_KEY) and NAME_KEY.startswith(key) else False
+    j = skip_ws(text, j + len(NAME_KEY))
+    return None if j == len(text) else text[j] == ":"

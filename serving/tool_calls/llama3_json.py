@@ -14,11 +14,10 @@ from typing import Any
 
 from serving.tool_calls import grammar
 from serving.tool_calls.format import MarkerFormat
-from serving.tool_calls.json_object import CallSpec, call_of, read_object, skip_ws
+from serving.tool_calls.json_object import CallSpec, call_of, opens_name, read_object, skip_ws
 from serving.tool_calls.scanner import Region
 
 PYTHON_TAG = "<|python_tag|>"
-_NAME_KEY = '"name"'
 _CALL = CallSpec(args_keys=("parameters", "arguments"))
 
 
@@ -52,7 +51,7 @@ class Llama3JsonFormat(MarkerFormat):
 def _object_at(text: str, i: int, final: bool) -> Region | None:
     """The region of the `{` at text[i]: plain text unless it opens `{"name":`; then a call once the
     object closes, malformed where it does not."""
-    head = _opens_name(text, i)
+    head = opens_name(text, i)
     if head is None:
         return Region(i + 1) if final else None
     if not head:
@@ -63,16 +62,6 @@ def _object_at(text: str, i: int, final: bool) -> Region | None:
         return Region(len(text), malformed=True) if final else None
     call = call_of(text, members, _CALL)
     return Region(end, (call,)) if call else Region(end, malformed=True)
-
-
-def _opens_name(text: str, i: int) -> bool | None:
-    """Whether text[i:] opens `{"name":` (whitespace allowed); None where the text ends before it tells."""
-    j = skip_ws(text, i + 1)
-    key = text[j:j + len(_NAME_KEY)]
-    if key != _NAME_KEY:
-        return None if len(key) < len(_NAME_KEY) and _NAME_KEY.startswith(key) else False
-    j = skip_ws(text, j + len(_NAME_KEY))
-    return None if j == len(text) else text[j] == ":"
 
 
 def _call_tag(function: grammar.Function) -> dict[str, Any]:

@@ -50,6 +50,9 @@ class ToolCallStreamer:
                 if isinstance(event, Malformed):
                     self.malformed += 1
                 content.append(self._shaper.text(event.text))
+        if any(isinstance(e, Calls) or e.text.strip() for e in events):
+            # the reply has begun: a format that reads its opening otherwise (hermes' bare call) reads on as text
+            self._reader = getattr(self._reader, "after_start", self._reader)
         return StreamDelta("".join(content), tool_calls)
 
     def _add_calls(self, event: Calls) -> list[dict[str, Any]]:
