@@ -13,7 +13,8 @@ fenced or not) read as its calls: not BFCL's number, but it tells a model that m
 from a server that returns it as `tool_calls`. For the daemon only, --stream-check
 sends every case again streamed and compares the assembled deltas with the non-streamed reply, and
 --required-check sends the cases that have an answer with `tool_choice: "required"` and counts the
-malformed calls (arguments that are not a JSON object, undeclared names, no call at all).
+malformed calls (arguments that are not a JSON object, undeclared names, no call at all); with both,
+each `required` request is streamed and compared too.
 
 bfcl-eval pins its own dependencies: give it its own virtual environment and run this script with its
 python. From the project it imports only bfcl_replies.py and results_file.py beside it, both standard
@@ -189,24 +190,26 @@ def run_case(server: Server, case: Case) -> tuple[br.CaseResult, br.Reply | None
     return score(case, reply, latency), reply
 
 
-def stream_case(server: Server, case: Case, plain: br.Reply | None) -> list[str]:
+def stream_case(server: Server, case: Case, plain: br.Reply | None, tool_choice: str | None = None) -> list[str]:
     """Differences between the streamed and the non-streamed reply to `case` (empty: identical)."""
     if plain is None:
         return ["the non-streamed request failed"]
     try:
-        streamed, _ = server.chat(case, stream=True)
+        streamed, _ = server.chat(case, tool_choice, stream=True)
     except (httpx.HTTPError, br.StreamError, ValueError) as e:
         return [f"stream failed: {e}"]
     return br.stream_differences(streamed, plain)
 
 
-def required_case(server: Server, case: Case) -> tuple[list[str], bool]:
-    """The malformed-call reasons of the `required` reply, and whether the checker accepts it."""
+def required_case(server: Server, case: Case, stream: bool) -> tuple[list[str], bool, list[str]]:
+    """The malformed-call reasons of the `required` reply, whether the checker accepts it and, with
+    `stream`, how the same request streamed differs from it."""
     try:
         reply, latency = server.chat(case, tool_choice="required")
     except httpx.HTTPError as e:
-        return [f"http_error: {str(e)[:200]}"], False
-    return br.malformed_reasons(reply, case.declared), score(case, reply, latency).valid
+        return [f"http_error: {str(e)[:200]}"], False, []
+    diffs = stream_case(server, case, reply, "required") if stream else []
+    return br.malformed_reasons(reply, case.declared), score(case, reply, latency).valid, diffs
 
 
 def pmap(fn: Any, items: list[Any], concurrency: int) -> list[Any]:
@@ -245,16 +248,22 @@ def stream_check(server: Server, cases: dict[str, list[Case]], replies: dict[str
     return out
 
 
-def required_check(server: Server, cases: dict[str, list[Case]], concurrency: int) -> dict[str, Any]:
+def required_check(server: Server, cases: dict[str, list[Case]], concurrency: int, stream: bool) -> dict[str, Any]:
+    """`tool_choice: "required"` on the cases with an answer; with `stream`, each streamed too (the
+    replies that carry tool calls, which `auto` may never draw from a model that writes calls as text)."""
     out = {}
     for category, rows in cases.items():
         if is_irrelevance(category):
             continue
-        checked = pmap(lambda c: required_case(server, c), rows, concurrency)
-        reasons = Counter(r.split(":")[0] for rs, _ in checked for r in set(rs))
-        out[category] = {"cases": len(rows), "malformed": sum(bool(rs) for rs, _ in checked),
-                         "reasons": dict(reasons), "accuracy": sum(ok for _, ok in checked) / len(rows),
-                         "malformed_ids": [c.id for c, (rs, _) in zip(rows, checked) if rs]}
+        checked = pmap(lambda c: required_case(server, c, stream), rows, concurrency)
+        reasons = Counter(r.split(":")[0] for rs, _, _ in checked for r in set(rs))
+        out[category] = {"cases": len(rows), "malformed": sum(bool(rs) for rs, _, _ in checked),
+                         "reasons": dict(reasons), "accuracy": sum(ok for _, ok, _ in checked) / len(rows),
+                         "malformed_ids": [c.id for c, (rs, _, _) in zip(rows, checked) if rs]}
+        if stream:
+            out[category]["stream_identical"] = sum(not d for _, _, d in checked)
+            out[category]["stream_mismatches"] = [{"id": c.id, "differences": d}
+                                                  for c, (_, _, d) in zip(rows, checked) if d]
     return out
 
 
@@ -273,8 +282,9 @@ def table(results: dict[str, Any]) -> str:
     for category, s in results.get("stream_check", {}).items():
         lines.append(f"stream check (ours) {category}: {s['identical']}/{s['cases']} identical")
     for category, s in results.get("required_check", {}).items():
+        streamed = f", streamed {s['stream_identical']}/{s['cases']} identical" if "stream_identical" in s else ""
         lines.append(f"required check (ours) {category}: {s['malformed']}/{s['cases']} malformed "
-                     f"{s['reasons']}, accuracy {s['accuracy']:.3f}")
+                     f"{s['reasons']}, accuracy {s['accuracy']:.3f}{streamed}")
     return "\n".join(lines)
 
 
@@ -309,7 +319,7 @@ def main() -> None:
         if name == "ours" and args.stream_check:
             results["stream_check"] = stream_check(server, cases, replies, args.concurrency)
         if name == "ours" and args.required_check:
-            results["required_check"] = required_check(server, cases, args.concurrency)
+            results["required_check"] = required_check(server, cases, args.concurrency, args.stream_check)
         save()
     print(table(results))
 
