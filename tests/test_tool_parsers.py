@@ -125,6 +125,10 @@ def test_a_reply_without_calls_is_its_text(name: str) -> None:
     ('Call it: {"name": "f", "arguments": {}}', 'Call it: {"name": "f", "arguments": {}}', []),
     ('{"city": "Paris"}', '{"city": "Paris"}', []),
     ('{"name": "f", "arguments": {', '{"name": "f", "arguments": {', []),
+    ('```json\n{"name": "f", "arguments": {"a": 1}}\n```', None, [("f", '{"a": 1}')]),
+    ('```\n{"name": "f", "arguments": {}}\n```\nDone.', "Done.", [("f", "{}")]),
+    ('```python\nprint(1)\n```', '```python\nprint(1)\n```', []),
+    ('Here:\n```json\n{"name": "f", "arguments": {}}\n```', 'Here:\n```json\n{"name": "f", "arguments": {}}\n```', []),
 ])
 def test_hermes_reads_a_bare_call_object_that_opens_the_reply(text: str, content: str | None,
                                                                calls: list[tuple[str, str]]) -> None:
