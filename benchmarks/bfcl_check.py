@@ -267,6 +267,44 @@ def required_check(server: Server, cases: dict[str, list[Case]], concurrency: in
     return out
 
 
+def render_doc(paths: list[Path]) -> str:
+    """Per category, each results file's servers: BFCL's score, the text-call diagnostic, and the daemon's
+    stream and tool_choice "required" checks where a file has them."""
+    runs = [(name, record) for path in paths for name, record in results_file.read(path)["servers"].items()]
+    label = {"ours": "autotuned-serve", "peer": "llama.cpp --jinja"}
+    rows = ["| category | " + " | ".join(f"{label.get(n, n)} BFCL | text calls" for n, _ in runs) + " |",
+            "|---|" + "---:|---:|" * len(runs)]
+    categories = [c for c in CATEGORIES if any(c in r["summary"] for _, r in runs)]
+    for category in categories:
+        cells = []
+        for _, r in runs:
+            s = r["summary"].get(category)
+            cells += ["-", "-"] if s is None else [f"**{s['accuracy']:.2f}** ({s['correct']}/{s['cases']})",
+                                                   f"{s['text_call_accuracy']:.2f}"]
+        rows.append(f"| {category} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def render_checks(paths: list[Path]) -> str:
+    """The daemon's checks per category: streamed replies against whole ones under tool_choice auto, and
+    malformed calls, accuracy and the streamed replies under tool_choice "required"."""
+    rows = ["| category | streamed = whole (auto) | cases (required) | malformed | accuracy | streamed = whole |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for path in paths:
+        r = results_file.read(path)
+        streams, required = r.get("stream_check", {}), r.get("required_check", {})
+        for category in [c for c in CATEGORIES if c in streams or c in required]:
+            auto, req = streams.get(category), required.get(category)
+            auto_cell = f"{auto['identical']} of {auto['cases']}" if auto else "-"
+            if req is None:
+                rows.append(f"| {category} | {auto_cell} | - | - | - | - |")
+                continue
+            streamed = f"{req['stream_identical']} of {req['cases']}" if "stream_identical" in req else "-"
+            rows.append(f"| {category} | {auto_cell} | {req['cases']} | **{req['malformed']}** | "
+                        f"{req['accuracy']:.2f} | {streamed} |")
+    return "\n".join(rows)
+
+
 def table(results: dict[str, Any]) -> str:
     servers = results["servers"]
     lines = [f"{'category':<20}" + "".join(f"{name:>22}" for name in servers)]

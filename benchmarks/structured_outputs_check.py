@@ -363,6 +363,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def render_doc(paths: list[Path]) -> str:
+    """One row per results file: the model, its answers' finish reasons and validity, the refusals, parse."""
+    rows = ["| server, model | schemas | `stop` | valid of those | unsupported refused | `parse` | median latency |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    pct = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    for path in paths:
+        r = results_file.read(path)
+        stopped = sum(x["finish_reason"] == "stop" for x in r["results"])
+        valid = sum(x["valid"] for x in r["results"] if x["finish_reason"] == "stop")
+        handled = sum(x.get("handled", x["names_keyword"]) for x in r["unsupported"])
+        parsed = r["openai_parse"] or []
+        rows.append(f"| {r['label']} | {r['items']} | **{pct(r['stop_share'])}** ({stopped}) | "
+                    f"**{pct(r['valid_share_of_stop'])}** ({valid}) | {handled} of {len(r['unsupported'])} | "
+                    f"{sum(p['parsed'] for p in parsed)} of {len(parsed)} | {r['latency']['p50_s']:.1f} s |")
+    return "\n".join(rows)
+
+
 def print_summary(s: dict[str, Any]) -> None:
     fmt = lambda x: "-" if x is None else f"{x:.3f}"   # noqa: E731
     print(f"\n{s['label']}: {s['items']} schemas, stop {fmt(s['stop_share'])} (target {TARGET_STOP_SHARE}), "
