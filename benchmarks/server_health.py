@@ -29,10 +29,20 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, name: str, 
     return False
 
 
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=2)
+        return True
+    except httpx.HTTPError:
+        return False
+
+
 @contextmanager
 def running(cmd: list[str], health_url: str, log_path: str | Path, name: str, timeout_s: float = 600,
             cwd: str | Path | None = None) -> Iterator[subprocess.Popen]:
     """A server started from `cmd` (its output to `log_path`), once its /health says 200; stopped on exit."""
+    if _answers(health_url):    # another server on the port would be measured in this one's place
+        raise RuntimeError(f"{health_url} already answers before {name} starts: the port is taken")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     try:
