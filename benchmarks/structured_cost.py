@@ -5,12 +5,14 @@ configuration), modes alternating round by round, medians over rounds (docs/stru
   without end, so the answer runs to max_tokens as ignore_eos does) and unconstrained with ignore_eos, at each
   --streams level: the P50 and P99 of the gaps between a stream's chunks (one gap per emission);
 - `jump_forward`: requests whose schema has long fixed keys, on a daemon with jump-forward and one with
-  --no-jump-forward: output tokens per second of the whole batch, and whether the answers are the same;
+  --no-jump-forward (both uncalibrated: the same shipped cost model): output tokens per second of the whole
+  batch, and whether the answers are the same;
 - `goodput`: open-loop Poisson arrivals at --qps (0.9x the all-text sustained chat capacity) of the chat
   workload, all text and half constrained: requests within the SLO per second.
 
     python benchmarks/structured_cost.py --model $M/qwen2.5-coder-0.5b.gguf --parts tbt,jump_forward,goodput \
-        --streams 1,8,32 --rounds 3 --qps 0.34 --json docs/results/structured_cost_0.5b_xeon.json
+        --config benchmarks/slo_0.5b.yaml --streams 1,8,32 --rounds 3 --qps 0.34 --goodput-rounds 1 \
+        --json docs/results/structured_cost_0.5b_xeon.json
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def measure_jump_forward(model: str | None, port: int, requests: int, rounds: in
     runs: dict[str, list[dict]] = {"jump_forward": [], "no_jump_forward": []}
     for r in range(rounds):
         for mode in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-            flags = () if mode == "jump_forward" else ("--no-jump-forward",)
+            flags = ("--no-calibrate",) + (() if mode == "jump_forward" else ("--no-jump-forward",))
             with daemon(model, port, *flags) as url:
                 runs[mode].append(jump_forward_batch(url, requests))
     on, off = runs["jump_forward"][0]["answers"], runs["no_jump_forward"][0]["answers"]
@@ -211,9 +213,11 @@ def main() -> None:
     p.add_argument("--jump-requests", type=int, default=8)
     p.add_argument("--qps", type=float, default=None, help="goodput part: the arrival rate (0.9x capacity)")
     p.add_argument("--duration-s", type=float, default=150.0, help="goodput part: seconds of arrivals per run")
+    p.add_argument("--goodput-rounds", type=int, default=1, help="goodput part: rounds of the two modes")
     p.add_argument("--slo-ttft-s", type=float, default=4.0)
     p.add_argument("--slo-tbt-s", type=float, default=0.25)
     p.add_argument("--port", type=int, default=8126)
+    p.add_argument("--config", default=None, help="the daemon's --config (the SLO settings its capacity was measured with)")
     p.add_argument("--json", required=True)
     args = p.parse_args()
     parts = args.parts.split(",")
@@ -222,14 +226,16 @@ def main() -> None:
     if "goodput" in parts and args.qps is None:
         p.error("the goodput part needs --qps")
     found: dict = {"model": args.model or "bundled", "rounds": args.rounds, "max_tokens": args.max_tokens}
+    config = ("--config", args.config) if args.config else ()
     if "tbt" in parts or "goodput" in parts:
-        with daemon(args.model, args.port) as url:
+        with daemon(args.model, args.port, *config) as url:
             if "tbt" in parts:
                 found["tbt"] = measure_tbt(url, [int(s) for s in args.streams.split(",")], args.rounds,
                                            args.max_tokens)
             if "goodput" in parts:
                 found["goodput"] = measure_goodput(url, args.model, args.qps, args.duration_s,
-                                                   SloClass("run", args.slo_ttft_s, args.slo_tbt_s), args.rounds)
+                                                   SloClass("run", args.slo_ttft_s, args.slo_tbt_s),
+                                                   args.goodput_rounds)
     if "jump_forward" in parts:
         found["jump_forward"] = measure_jump_forward(args.model, args.port, args.jump_requests, args.rounds)
     results_file.write(args.json, found)
