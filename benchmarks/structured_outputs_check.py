@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def render_doc(paths: list[Path]) -> str:
     """One row per results file: the model, its answers' finish reasons and validity, the refusals, parse."""
-    rows = ["| server, model | schemas | `stop` | valid of those | unsupported refused | `parse` | median latency |",
+    rows = ["| server, model | schemas | `stop` | valid of those | unsupported handled | `parse` | median latency |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     pct = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     for path in paths:
