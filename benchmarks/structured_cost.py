@@ -195,7 +195,8 @@ def render_doc(paths: list[Path]) -> str:
             g = r["goodput"]
             text = [x["goodput_rps"] for x in g["runs"]["text"]]
             half = [x["goodput_rps"] for x in g["runs"]["half_constrained"]]
-            out += [f"Goodput at {g['qps']} req/s of chat, {g['duration_s']:.0f} s of arrivals a run ({where}):", "",
+            machine = f"{Path(r['model']).name}, {m['cpu_model']}, {m['cores']} cores"
+            out += [f"Goodput at {g['qps']} req/s of chat, {g['duration_s']:.0f} s of arrivals a run ({machine}):", "",
                     "| traffic | goodput (req/s) per round |", "|---|---|",
                     f"| all text | {', '.join(f'{x:.3f}' for x in text)} |",
                     f"| half JSON-schema | {', '.join(f'{x:.3f}' for x in half)} |", "",
