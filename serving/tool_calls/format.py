@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from serving.tool_calls import grammar
 from serving.tool_calls.call import CallId, ParsedReply
+from serving.tool_calls.json_object import CallSpec, calls_between
 from serving.tool_calls.scanner import Region
 from serving.tool_calls.streaming import ToolCallStreamer, parse_text
 
@@ -36,6 +38,11 @@ class MarkerFormat:
 
     def structural_tag(self, tools: list[dict[str, Any]], tool_choice: str | dict[str, Any],
                        parallel_tool_calls: bool) -> dict[str, Any] | None:
+        choice = grammar.choice_of(tools, tool_choice, parallel_tool_calls)
+        return None if choice is None else self.grammar_for(choice)
+
+    def grammar_for(self, choice: grammar.Choice) -> dict[str, Any]:
+        """The structural tag holding a reply to `choice` in this format."""
         raise NotImplementedError
 
     def parse(self, text: str, call_id: CallId) -> ParsedReply:
@@ -46,6 +53,18 @@ class MarkerFormat:
 
     def __repr__(self) -> str:
         return f"<tool-call format {self.name}>"
+
+
+def block_region(text: str, start: int, opener: str, closer: str, final: bool, spec: CallSpec,
+                 several: bool) -> Region | None:
+    """The region of an `opener` ... `closer` block holding the call (or, with `several`, the calls) of `spec`;
+    malformed where its body holds anything else."""
+    span = delimited(text, start, opener, closer, final)
+    if span is None:
+        return None
+    body, body_end, end = span
+    calls = calls_between(text, body, body_end, spec, several)
+    return Region(end, calls) if calls else Region(end, malformed=True)
 
 
 def delimited(text: str, start: int, opener: str, closer: str, final: bool) -> tuple[int, int, int] | None:

@@ -17,8 +17,8 @@ import re
 from typing import Any
 
 from serving.tool_calls import grammar
-from serving.tool_calls.format import MarkerFormat, delimited
-from serving.tool_calls.json_object import CallSpec, call_of, calls_between, opens_name, read_object, skip_ws
+from serving.tool_calls.format import MarkerFormat, block_region
+from serving.tool_calls.json_object import CallSpec, call_of, opens_name, read_object, skip_ws
 from serving.tool_calls.scanner import Region
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -44,18 +44,9 @@ class HermesFormat(MarkerFormat):
             return _fenced_call(text, start, final) if self.bare_calls else Region(start + len(FENCE))
         if not text.startswith(OPEN, start):
             return _bare_call(text, start, final) if self.bare_calls else Region(start + 1)
-        span = delimited(text, start, OPEN, CLOSE, final)
-        if span is None:
-            return None
-        body, body_end, end = span
-        calls = calls_between(text, body, body_end, _CALL, several=False)
-        return Region(end, calls) if calls else Region(end, malformed=True)
+        return block_region(text, start, OPEN, CLOSE, final, _CALL, several=False)
 
-    def structural_tag(self, tools: list[dict[str, Any]], tool_choice: str | dict[str, Any],
-                       parallel_tool_calls: bool) -> dict[str, Any] | None:
-        choice = grammar.choice_of(tools, tool_choice, parallel_tool_calls)
-        if choice is None:
-            return None
+    def grammar_for(self, choice: grammar.Choice) -> dict[str, Any]:
         if choice.mode != "auto":
             return grammar.calls_anywhere(choice, OPEN, _call_tag, "\n")
         return grammar.builtin("qwen_3", choice)     # xgrammar's writes these blocks exactly

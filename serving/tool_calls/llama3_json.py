@@ -38,11 +38,7 @@ class Llama3JsonFormat(MarkerFormat):
             return region
         return Region(after, malformed=True)         # the tag is followed by no call
 
-    def structural_tag(self, tools: list[dict[str, Any]], tool_choice: str | dict[str, Any],
-                       parallel_tool_calls: bool) -> dict[str, Any] | None:
-        choice = grammar.choice_of(tools, tool_choice, parallel_tool_calls)
-        if choice is None:
-            return None
+    def grammar_for(self, choice: grammar.Choice) -> dict[str, Any]:
         if choice.mode != "auto":
             return grammar.calls_anywhere(choice, '{"name": ', _call_tag, "; ")
         return grammar.builtin("llama", choice)       # xgrammar's writes these objects exactly

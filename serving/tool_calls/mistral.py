@@ -39,11 +39,7 @@ class MistralFormat(MarkerFormat):
             return _array(text, i, final)
         return _name_args(text, i, final)
 
-    def structural_tag(self, tools: list[dict[str, Any]], tool_choice: str | dict[str, Any],
-                       parallel_tool_calls: bool) -> dict[str, Any] | None:
-        choice = grammar.choice_of(tools, tool_choice, parallel_tool_calls)
-        if choice is None:
-            return None
+    def grammar_for(self, choice: grammar.Choice) -> dict[str, Any]:
         if self.call_form == "name_args":
             return grammar.calls_anywhere(choice, TOOL_CALLS, _name_args_tag, "")
         return grammar.calls_in_block(choice, TOOL_CALLS, TOOL_CALLS + "[", "]", _object_tag, ", ")

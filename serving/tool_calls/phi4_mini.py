@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from serving.tool_calls import grammar
-from serving.tool_calls.format import MarkerFormat, delimited
-from serving.tool_calls.json_object import CallSpec, calls_between
+from serving.tool_calls.format import MarkerFormat, block_region
+from serving.tool_calls.json_object import CallSpec
 from serving.tool_calls.scanner import Region
 
 OPEN, CLOSE = "<|tool_call|>", "<|/tool_call|>"
@@ -26,18 +26,9 @@ class Phi4MiniFormat(MarkerFormat):
     markers = (OPEN,)
 
     def read_region(self, text: str, start: int, final: bool) -> Region | None:
-        span = delimited(text, start, OPEN, CLOSE, final)
-        if span is None:
-            return None
-        body, body_end, end = span
-        calls = calls_between(text, body, body_end, _CALL, several=True)
-        return Region(end, calls) if calls else Region(end, malformed=True)
+        return block_region(text, start, OPEN, CLOSE, final, _CALL, several=True)
 
-    def structural_tag(self, tools: list[dict[str, Any]], tool_choice: str | dict[str, Any],
-                       parallel_tool_calls: bool) -> dict[str, Any] | None:
-        choice = grammar.choice_of(tools, tool_choice, parallel_tool_calls)
-        if choice is None:
-            return None
+    def grammar_for(self, choice: grammar.Choice) -> dict[str, Any]:
         return grammar.calls_in_block(choice, OPEN, OPEN + "[", "]" + CLOSE, _object_tag, ", ")
 
 
