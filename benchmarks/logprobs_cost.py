@@ -25,12 +25,16 @@ MODES = ("plain", "top_logprobs_5")
 
 
 async def one_stream(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int, mode: str) -> list[float]:
-    """The gaps between one chat stream's content chunks after its first. Chunks are read as raw
-    server-sent events (only a substring check per chunk), so the client's parsing, on the same cores as
-    the daemon, does not grow with what the chunks carry."""
     extra = {"logprobs": True, "top_logprobs": 5} if mode != "plain" else {}
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "ignore_eos": True, **extra}
+    return await chat_chunk_gaps(client, body)
+
+
+async def chat_chunk_gaps(client: httpx.AsyncClient, body: dict) -> list[float]:
+    """The gaps between one streamed chat reply's content chunks after its first. Chunks are read as raw
+    server-sent events (only a substring check per chunk), so the client's parsing, on the same cores as
+    the daemon, does not grow with what the chunks carry."""
     times = []
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         async for line in response.aiter_lines():

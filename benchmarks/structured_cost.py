@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 
 import results_file
+from logprobs_cost import chat_chunk_gaps
 from server_health import running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,12 +68,7 @@ async def stream_gaps(client: httpx.AsyncClient, prompt: str, max_tokens: int, m
             "stream": True, "ignore_eos": True}
     if mode == "json_schema":
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "records", "schema": BENCH_SCHEMA}}
-    times = []
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        async for line in response.aiter_lines():
-            if line.startswith("data: ") and '"content": "' in line and '"content": ""' not in line:
-                times.append(time.perf_counter())
-    return [b - a for a, b in zip(times, times[1:])]
+    return await chat_chunk_gaps(client, body)
 
 
 async def tbt_round(url: str, streams: int, max_tokens: int, mode: str) -> list[float]:
