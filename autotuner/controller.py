@@ -679,4 +679,4 @@ def _window_dict(w: WindowSummary) -> dict[str, float | None]:
             "slo_attainment": w.slo_attainment, "arrival_rate_rps": w.arrival_rate_rps,
             "output_tokens_per_s": w.output_tokens_per_s, "input_output_ratio": w.input_output_ratio,
             "kv_usage_mean": w.kv_usage_mean, "mfu": w.mfu, "mbu": w.mbu, "num_finished": w.num_finished,
-            "busy_fraction": w.busy_fraction, "num_waiting_mean": w.num_waiting_mean}
+            "busy_fraction": w.busy_fraction, "num_waiting_mean": w.num_waiting_mean, "shed_rps": w.shed_rps}

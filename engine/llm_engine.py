@@ -279,11 +279,12 @@ class LLMEngine:
     # -- one step --
     def step(self, return_logits: bool = False) -> list[RequestOutput]:
         start = time.monotonic()
+        shed = self._shed_expired(start)
         t0 = time.perf_counter()
         result = self.scheduler.schedule()
         schedule_s = time.perf_counter() - t0
         if not result.scheduled:
-            return []
+            return shed
         sampling = [s.request for s in result.scheduled if s.samples]
         masks = StepMasks([r.grammar for r in sampling], self.model_config.vocab_size) \
             if any(r.grammar is not None for r in sampling) else None
@@ -307,7 +308,30 @@ class LLMEngine:
         grammar = GrammarStep(len(masks.rows) if masks else 0, out.timing.mask_s,
                               sum(max(0, len(o.new_token_ids) - 1) for o in outputs))
         self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing, gaps, grammar)
-        return outputs
+        return shed + outputs
+
+    def _shed_expired(self, now: float) -> list[RequestOutput]:
+        """End the queued requests admission gives up on (AdmissionControl.expired): each one's final
+        output says `shed`, before any token of it was sent."""
+        shed = []
+        for request in self.scheduler.admission.expired(self.scheduler, now):
+            shed.append(RequestOutput(request.request_id, [], "", "", [], request.num_prompt_tokens, True,
+                                      FinishReason.SHED.value))
+            self.abort(request.request_id, FinishReason.SHED)
+        return shed
+
+    def record_shed(self, request: Request, now: float) -> None:
+        """A request refused at admission, never queued: it counts as an arrival (demand) and as a finished
+        request that met no SLO, in every listener's books (on the thread that steps the engine)."""
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = FinishReason.SHED
+        request.timings.finished = now
+        self.finished_by_reason[FinishReason.SHED.value] += 1
+        for listener in self.arrival_listeners:
+            listener(request)
+        record = request_record(request)
+        for listener in self.finish_listeners:
+            listener(record)
 
     def _release_forks(self, parent_id: str) -> None:
         for fork in self._forks.pop(parent_id, ()):
@@ -336,7 +360,9 @@ class LLMEngine:
         """One emission: the sampled token, and the tokens its grammar forces after it (jump-forward)."""
         request.output_token_ids.append(token)
         t = request.timings
-        t.first_token = t.first_token or now
+        if t.first_token is None:
+            t.first_token = now
+            self.scheduler.admission.observe(request, now)
         t.token_times.append(now)
         new = [token]
         reason = self._stop_reason(request, token)

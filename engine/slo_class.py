@@ -7,7 +7,7 @@ Classes come from configs/slo_classes.yaml; `default` names the class of request
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -20,6 +20,7 @@ CONFIG = Path(__file__).resolve().parent.parent / "configs" / "slo_classes.yaml"
 # every interactive arrival during it miss 2 s (simulated mixed-classes: 18 TTFT misses of 159
 # interactive requests at load 0.5, against 4 on chat alone).
 ARRIVAL_GUARD_FRACTION = 0.5
+LATE_RULES = ("shed", "serve")
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,17 @@ class SloClass:
     tbt_s: float = 0.25            # gap between consecutive tokens, at `tbt_percentile` of the request's gaps
     tbt_percentile: float = 99.0
     weight: float = 1.0            # this class's share in the tuner's objective, per request
+    # a queued request past its TTFT deadline before its prefill began, while admission is on
+    # (engine/scheduling/admission.py): "shed" ends it with 429 (it has missed; its work would take capacity
+    # from requests that can still make theirs), "serve" serves it late
+    late: str = "shed"
 
     def __post_init__(self) -> None:
         if not (self.ttft_s > 0 and self.tbt_s > 0 and 0 < self.tbt_percentile <= 100 and self.weight >= 0):
             raise ValueError(f"SLO class {self.name!r}: ttft_s and tbt_s must be > 0, tbt_percentile in "
                              f"(0, 100], weight >= 0")
+        if self.late not in LATE_RULES:
+            raise ValueError(f"SLO class {self.name!r}: late must be one of {', '.join(LATE_RULES)}")
 
 
 DEFAULT_CLASS = SloClass()
@@ -68,7 +75,7 @@ class SloClasses:
     def with_default_targets(self, ttft_s: float, tbt_s: float) -> SloClasses:
         """The default class re-targeted (the daemon's `slo` setting names the default class's targets)."""
         base = self.classes[self.default]
-        changed = SloClass(base.name, ttft_s, tbt_s, base.tbt_percentile, base.weight)
+        changed = replace(base, ttft_s=ttft_s, tbt_s=tbt_s)
         return SloClasses(self.classes | {self.default: changed}, self.default)
 
     @staticmethod

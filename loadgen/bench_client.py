@@ -87,6 +87,8 @@ class RequestResult:
     finished: float | None = None
     error: str | None = None
     status: int | None = None                 # the HTTP status; None where no response came
+    answered: float | None = None             # when the response's status line came
+    retry_after: str | None = None            # a refusal's Retry-After header
 
     @property
     def ok(self) -> bool:
@@ -114,7 +116,8 @@ class RequestResult:
                 "first_token_s": rel(self.chunk_times[0]) if self.chunk_times else None,
                 "finished_s": rel(self.finished), "chunk_times_s": [t - start for t in self.chunk_times],
                 "num_output_tokens": self.num_output_tokens, "server_prompt_tokens": self.server_prompt_tokens,
-                "finish_reason": self.finish_reason, "error": self.error}
+                "finish_reason": self.finish_reason, "error": self.error, "status": self.status,
+                "answered_s": rel(self.answered), "retry_after": self.retry_after}
 
 
 @dataclass(frozen=True)
@@ -211,8 +214,9 @@ async def send_at(client: httpx.AsyncClient, start: float, result: RequestResult
     try:
         result.sent = time.monotonic()
         async with client.stream("POST", path, json=body) as response:
-            result.status = response.status_code
+            result.status, result.answered = response.status_code, time.monotonic()
             if response.status_code != 200:
+                result.retry_after = response.headers.get("retry-after")
                 result.error = f"HTTP {response.status_code}: {_error_message(await response.aread())}"
                 return
             await _read_stream(response, result)

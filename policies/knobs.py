@@ -54,6 +54,8 @@ KNOB_SPECS: dict[str, KnobSpec] = {
                           "prompts' TTFT deadlines need; 0 = as fast as the TBT slack allows (deadline policy)"),
     "error_budget": KnobSpec(float, 0, 1, help="share of the long token gaps the TBT percentile tolerates that "
                              "steps may spend on prompts whose TTFT is at risk (deadline policy)"),
+    "admission_slack": KnobSpec(float, 0, 4, help="refuse (429) a request whose predicted TTFT exceeds this many "
+                                "times its class's TTFT target; 0 = admit everything the queue bound allows"),
     "queue_order": KnobSpec(str, choices=("fcfs", "spf"), help="waiting queue order: first come first served, "
                             "or shortest prompt first"),
 }
@@ -74,6 +76,7 @@ class Knobs:
     step_headroom: float = 0.9
     error_budget: float = 0.5
     ttft_pace: float = 0.0
+    admission_slack: float = 1.0
     version: int = 0
 
     def __post_init__(self) -> None:

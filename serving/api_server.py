@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -22,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serving.engine_loop import EngineLoop, QueueFullError
+from serving.engine_loop import EngineLoop, ShedError
 from engine.errors import EngineError, EngineFailed, InvalidRequestError
 from engine.llm_engine import LLMEngine
 from serving.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body
@@ -32,7 +33,8 @@ from serving.logprobs_format import ReplyLogprobs
 from serving.request_fields import note_ignored
 from serving.tokenize_api import add_tokenize_routes
 from engine.outputs import RequestOutput
-from engine.scheduling.request import Request
+from engine.scheduling.admission import SHED_EXPIRED, SHED_PREDICTED, SHED_QUEUE_FULL
+from engine.scheduling.request import FinishReason, Request
 from engine.slo_class import SloClass, SloClasses, shipped_slo_classes
 from engine.structured.constraint import Constraint
 from engine.structured.grammar_compiler import CompiledConstraint
@@ -231,15 +233,32 @@ async def _outputs(http: HttpRequest, loop: EngineLoop, requests: list[Request]
                 continue
             if out.finished:
                 unfinished.discard(i)
+            if out.finish_reason == FinishReason.SHED.value:
+                raise _expired(loop, requests[i])
             yield i, out
-    except QueueFullError as e:
-        raise ApiError(429, str(e), "rate_limit_error", code="queue_full",
-                       headers={"Retry-After": str(1)}) from e
+    except ShedError as e:
+        raise _shed(str(e), SHED_CODES[e.reason], e.retry_after_s) from e
     except EngineFailed as e:
         raise engine_failed(str(e)) from e
     finally:
         for i in unfinished:
             loop.abort(requests[i].request_id)
+
+
+SHED_CODES = {SHED_PREDICTED: "overloaded", SHED_QUEUE_FULL: "queue_full", SHED_EXPIRED: "deadline_expired"}
+
+
+def _shed(message: str, code: str, retry_after_s: float) -> ApiError:
+    """429 with Retry-After in whole seconds (at least 1), the time admission predicts the queue needs."""
+    return ApiError(429, message, "rate_limit_error", code=code,
+                    headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))})
+
+
+def _expired(loop: EngineLoop, request: Request) -> ApiError:
+    scheduler = loop.engine.scheduler
+    retry = scheduler.admission.retry_after(request, scheduler, time.monotonic())
+    return _shed(f"the request waited past its {request.slo.name} class's {request.slo.ttft_s:g} s time-to-first-"
+                 f"token target before it could start; retry later or elsewhere", "deadline_expired", retry)
 
 
 async def _respond(http: HttpRequest, loop: EngineLoop, groups: list[list[Request]], prompts: list, body: SamplingFields,

@@ -38,6 +38,8 @@ class DaemonTelemetry:
             Arrival(r.arrival_time, r.num_prompt_tokens, r.params.max_tokens))]
         engine.grammars.on_compiled.append(self.metrics.structured.on_compiled)
         scheduler = engine.scheduler
+        scheduler.admission.on_shed.append(self.metrics.admission.on_shed)
+        scheduler.admission.on_observed.append(self.metrics.admission.on_observed)
         self.metrics.read_live(lambda: len(scheduler.running), lambda: len(scheduler.waiting),
                                lambda: scheduler.blocks.usage)
         self.metrics.set_scheduler(engine.scheduler.policy.name, engine.scheduler.knobs)

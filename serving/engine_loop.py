@@ -24,6 +24,7 @@ from collections.abc import Callable
 from engine.errors import EngineFailed
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from engine.scheduling.admission import SHED_PREDICTED, SHED_QUEUE_FULL
 from engine.scheduling.request import FinishReason, Request
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,14 @@ WATCHDOG_PERIOD_S = 0.5
 IDLE_WAIT_S = 0.5              # the idle loop sleeps this long on the inbox; a whole wait empty gives memory back
 
 
-class QueueFullError(RuntimeError):
-    """The waiting queue is at its bound; the client should retry later."""
+class ShedError(RuntimeError):
+    """Admission refused the request (engine/scheduling/admission.py: its predicted TTFT is over its
+    class's target, or the waiting queue is at its bound); the client should retry in `retry_after_s`."""
+
+    def __init__(self, message: str, reason: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
 
 
 class EngineLoop:
@@ -48,8 +55,8 @@ class EngineLoop:
         self.on_failure: list[Callable[[str], None]] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
-        self._pending = 0                 # submitted, not yet moved into the engine
-        self._pending_tokens = 0          # ... and their prompt tokens
+        self._pending: dict[str, Request] = {}   # submitted, not yet moved into the engine
+        self._pending_tokens = 0          # ... and their work left
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._beat = time.monotonic()     # the start of the loop's latest iteration
@@ -72,11 +79,11 @@ class EngineLoop:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.engine.scheduler.waiting) + self._pending
+        return len(self.engine.scheduler.waiting) + len(self._pending)
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._sinks) + self._pending
+        return len(self._sinks) + len(self._pending)
 
     def token_load(self) -> tuple[int, int]:
         """(queued, running) tokens of work left: for each waiting (or just submitted) and each
@@ -88,14 +95,31 @@ class EngineLoop:
         return sum(map(_work_left, waiting)) + self._pending_tokens, sum(map(_work_left, running))
 
     def submit(self, request: Request, sink: Sink) -> None:
+        """Queue the request, or raise ShedError (admission) or EngineFailed."""
         with self._lock:   # held through the put: a death after this check still finds the request in the inbox
             if self.failure is not None:
                 raise EngineFailed(self.failure)
-            if self.num_waiting >= self.max_waiting:
-                raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests); retry later")
-            self._pending += 1
+            self._admit(request)
+            self._pending[request.request_id] = request
             self._pending_tokens += _work_left(request)
             self._inbox.put(("add", request, sink))
+
+    def _admit(self, request: Request) -> None:
+        """Admission's decision, on the submitting thread (it only reads the queues): a refusal is
+        answered now, and reaches the engine's books (record_shed) through the inbox."""
+        scheduler, now = self.engine.scheduler, time.monotonic()
+        admission = scheduler.admission
+        if self.num_waiting >= self.max_waiting:
+            admission.count_shed(request.slo.name, SHED_QUEUE_FULL)
+            self._inbox.put(("shed", request, None))
+            raise ShedError(f"the waiting queue is full ({self.max_waiting} requests); retry later", SHED_QUEUE_FULL,
+                            admission.retry_after(request, scheduler, now, self._pending.values()))
+        decision = admission.decide(request, scheduler, now, self._pending.values())
+        if not decision.admitted:
+            self._inbox.put(("shed", request, None))
+            raise ShedError(f"the server cannot give this request its first token within its {request.slo.name} "
+                            f"class's {request.slo.ttft_s:g} s target (predicted {decision.predicted_ttft_s:.1f} s); "
+                            f"retry later or elsewhere", SHED_PREDICTED, decision.retry_after_s)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id, None))
@@ -146,9 +170,11 @@ class EngineLoop:
             return
 
     def _handle(self, kind: str, payload, sink: Sink | None) -> None:
-        if kind == "add":
+        if kind == "shed":
+            self.engine.record_shed(payload, time.monotonic())
+        elif kind == "add":
             with self._lock:
-                self._pending -= 1
+                self._pending.pop(payload.request_id, None)
                 self._pending_tokens -= _work_left(payload)
             self._sinks[payload.request_id] = sink
             try:
@@ -210,7 +236,8 @@ class EngineLoop:
             if kind == "add":
                 ended.append((sink, request.request_id, request))
         with self._lock:
-            self._pending = self._pending_tokens = 0
+            self._pending.clear()
+            self._pending_tokens = 0
         for sink, request_id, request in ended:
             tokens, prompt = (list(request.output_token_ids), request.num_prompt_tokens) if request else ([], 0)
             try:

@@ -20,7 +20,7 @@ DB_NAME = "tuner.db"
 DECISIONS_NAME = "decisions.jsonl"
 STUDY_PREFIX = "regime:"
 WINDOW_KEYS = ("ttft_p50_s", "tbt_p99_s", "goodput_rps", "slo_attainment", "arrival_rate_rps",
-               "output_tokens_per_s", "input_output_ratio", "kv_usage_mean", "mfu", "mbu")
+               "output_tokens_per_s", "input_output_ratio", "kv_usage_mean", "mfu", "mbu", "shed_rps")
 KNOB_ORDER = ("token_budget", "prefill_priority", "max_num_seqs", "kv_admission_watermark", "policy")
 # JSON reports rendered before the controller's windows were called tuning windows still parse.
 OLD_KEYS = {"windows": "tuning_windows", "violated_windows": "violated_tuning_windows"}

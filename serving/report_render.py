@@ -80,6 +80,7 @@ def render_html(report: TuningReport) -> str:
              f"<title>Tuning report: {_esc(report.state_dir)}</title><style>{STYLE}</style></head><body>",
              "<h1>Tuning report</h1>", _overview(report), *_failures_section(report.failures),
              "<h2>Summary</h2>", _summary_table(report),
+             "<h2>Admission</h2>", _admission_table(report),
              "<h2>Timeline</h2>", _plot_html(Plot("Knobs against the workload (red: SLO violated, dotted: regime "
                                                    "change)", _timeline_png(report.timeline),
                                                    "no controller decisions recorded")),
@@ -121,6 +122,27 @@ def _summary_table(report: TuningReport) -> str:
                       _esc(f"{c.complete} / {c.feasible} / {c.aborted} / {c.failed} / {c.rejected} / {c.running}"),
                       _esc(f"{r.violated_tuning_windows} of {r.tuning_windows}")], ""))
     return _table(headers, rows, text_columns={0, 2}) if rows else '<p class="note">No regime studies yet.</p>'
+
+
+def _admission_table(report: TuningReport) -> str:
+    """What overload shed in the measured windows, per regime: shed requests count as missed in the tuner's
+    objective, so a configuration cannot raise its attainment by refusing work."""
+    by_regime: dict[str, list[Decision]] = {}
+    for d in report.timeline:
+        if d.window is not None and d.window.get("arrival_rate_rps") is not None:
+            by_regime.setdefault(d.regime or "-", []).append(d)
+    rows = []
+    for regime, decisions in by_regime.items():
+        shed = [d.window.get("shed_rps") or 0.0 for d in decisions]
+        arrivals = sum(d.window["arrival_rate_rps"] for d in decisions)
+        slacks = sorted({d.knobs.get("admission_slack") for d in decisions if d.knobs.get("admission_slack") is not None})
+        rows.append(([_esc(regime), _cell(len(decisions)), _cell(sum(s > 0 for s in shed)),
+                      _esc(f"{sum(shed) / arrivals:.1%}" if arrivals else "-"), _cell(max(shed)),
+                      _esc(", ".join(f"{v:g}" for v in slacks) or "-")], ""))
+    if not rows:
+        return '<p class="note">No measured windows yet.</p>'
+    return _table(["regime", "windows", "windows that shed", "share of arrivals shed", "most shed rps in a window",
+                   "admission_slack run"], rows, text_columns={0, 5})
 
 
 def _regime_section(r: RegimeReport) -> str:

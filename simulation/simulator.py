@@ -85,6 +85,8 @@ class Simulator:
         self.arrival_listeners: list[Callable[[Request], None]] = []
         self.num_steps = 0
         self.num_rejected = 0
+        self.num_shed = 0
+        self.shed_retry_after: list[tuple[Request, float]] = []   # each refusal at arrival, with its Retry-After
         self._pending: deque[RequestLike] = deque()
         self._ids = 0
         self._groups: dict[str, int] = {}
@@ -121,7 +123,24 @@ class Simulator:
         if self.blocks.blocks_for(item.prompt_tokens + item.output_tokens) > self.blocks.num_blocks:
             self.num_rejected += 1     # the engine answers such a request with a 400
             return
+        decision = self.scheduler.admission.decide(request, self.scheduler, self.now)
+        if not decision.admitted:
+            self.shed_retry_after.append((request, decision.retry_after_s))
+            self._end_shed(request)
+            return
         self.scheduler.add(request)
+
+    def _end_shed(self, request: Request) -> None:
+        """Refused at arrival or ended in the queue by admission: a finished request that met no SLO."""
+        self.num_shed += 1
+        if request in self.scheduler.waiting:
+            self.scheduler.finish(request, FinishReason.SHED)
+        else:
+            request.finish_reason = FinishReason.SHED
+            request.timings.finished = self.now
+        record = request_record(request)
+        for listener in self.finish_listeners:
+            listener(record)
 
     def _prompt(self, item: RequestLike, group: str | None) -> list[int]:
         """Token ids only the prefix cache reads: a request of a prefix group starts with its group's
@@ -157,6 +176,8 @@ class Simulator:
 
     def step(self, t_end: float = float("inf")) -> None:
         start = self.now
+        for request in self.scheduler.admission.expired(self.scheduler, self.now):
+            self._end_shed(request)
         result = self.scheduler.schedule()
         if not result.scheduled:
             self.now += IDLE_TICK_S
@@ -308,8 +329,9 @@ class Simulator:
                 long += is_long
                 if gaps is not None:
                     gaps.append(now - last)
-            else:
-                timings.first_token = timings.first_token or now
+            elif timings.first_token is None:
+                timings.first_token = now
+                self.scheduler.admission.observe(request, now)
             outputs.append(0)
             times.append(now)
             if len(outputs) >= request.max_tokens:

@@ -9,6 +9,7 @@ from engine.scheduling.request import Request
 from policies import Knobs
 from policies.knobs import KNOB_SPECS
 from engine.slo_class import SloClass
+from telemetry.admission_metrics import AdmissionMetrics
 from telemetry.structured_metrics import StructuredMetrics
 from telemetry.window import meets_slo
 
@@ -77,6 +78,7 @@ class PrometheusMetrics:
                                       "(outside the served schema, or ignored with a non-default value).",
                                       labels + ["field"], registry=r)
         self.structured = StructuredMetrics(model_name, r)
+        self.admission = AdmissionMetrics(model_name, r)
         self._ignored_names: set[str] = set()
         self._ewma_ratio: float | None = None
         self._ewma_rate: float | None = None

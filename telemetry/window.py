@@ -84,6 +84,7 @@ class WindowSummary:
     finished_by_class: dict[str, int] = field(default_factory=dict)
     ttft_p50_by_class: dict[str, float | None] = field(default_factory=dict)   # of the class's finished requests
     tbt_p99_by_class: dict[str, float | None] = field(default_factory=dict)    # their gaps, pooled per class
+    shed_rps: float = 0.0                  # requests admission answered 429 (they count as finished and missed)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -162,6 +163,7 @@ class TelemetryWindow:
             ttft_p50_s=_pct(ttft, 50), ttft_p99_s=_pct(ttft, 99), tbt_p50_s=_pct(tbt, 50), tbt_p99_s=_pct(tbt, 99),
             tpot_p50_s=_pct(tpot, 50), e2e_p50_s=_pct(e2e, 50), e2e_p99_s=_pct(e2e, 99),
             slo_attainment=met / len(finished) if finished else None, goodput_rps=met / seconds,
+            shed_rps=sum(r.finish_reason == "shed" for r in finished) / seconds,
             num_steps=len(steps), busy_fraction=min(1.0, busy / seconds),
             step_time_mean_s=busy / len(steps) if steps else None,
             kv_usage_mean=float(np.mean([s.kv_usage for s in steps])) if steps else 0.0,

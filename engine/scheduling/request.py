@@ -29,6 +29,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"         # max_tokens or the model's max length
     ABORT = "abort"           # the client went away or the server shut down
     ERROR = "error"           # this request failed; the engine goes on
+    SHED = "shed"             # refused or ended by admission (engine/scheduling/admission.py): overload
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Request:
     cacheable: bool = True
     follows: str | None = None                   # a fork of this request: admitted once its prompt is in the KV
     grammar: GrammarState | None = None          # constrained decoding (engine/structured/): its grammar's state
+    predicted_ttft_s: float | None = None        # admission's prediction when it was admitted (admission.py)
     cache: PrefixState = field(init=False)
     scores_prompt: bool = field(init=False)      # prompt logprobs: every prompt position computed and scored
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from engine.kv_cache.block_manager import BlockManager
+from engine.scheduling.admission import AdmissionControl
 from engine.scheduling.error_budget import ErrorBudget
 from engine.scheduling.request import FinishReason, Request, RequestStatus
 from policies import DEFAULT_POLICY, BatchPlan, Knobs, SchedulerView, get_policy
@@ -111,6 +112,7 @@ class Scheduler:
         self.cost: StepCost | None = None      # step-time model for policies that size steps by time
         self.error_budget = ErrorBudget()      # the engine and the simulator report each step's gaps
         self.arrival_guard_s = math.inf        # SloClasses.arrival_guard_s() of the classes requests may name
+        self.admission = AdmissionControl()    # predicted-TTFT admission and the late rule (admission.py)
 
     # -- changes from other threads, applied at the next step boundary --
     def set_knobs(self, knobs: Knobs) -> None:
