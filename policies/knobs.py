@@ -76,7 +76,7 @@ class Knobs:
     step_headroom: float = 0.9
     error_budget: float = 0.5
     ttft_pace: float = 0.0
-    admission_slack: float = 1.0
+    admission_slack: float = 0.0     # the daemon serves with 1.0 (serving/settings.py: DAEMON_KNOBS)
     version: int = 0
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from autotuner.controller_settings import ControllerSettings
 from policies import POLICIES
 from policies.knobs import KNOB_SPECS, Knobs
-from serving.settings import Settings, default_of, flags
+from serving.settings import DAEMON_KNOBS, Settings, default_of, flags
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs" / "configuration.md"
@@ -50,7 +50,7 @@ def settings_table() -> list[str]:
 
 
 def knobs_table() -> list[str]:
-    defaults = Knobs()
+    defaults = Knobs(**DAEMON_KNOBS)
     rows = ["| knob | range | default | read by | what it does |", "|---|---|---|---|---|"]
     for name, spec in KNOB_SPECS.items():
         users = ", ".join(p for p, cls in POLICIES.items() if name in cls.knobs)
@@ -111,7 +111,7 @@ def render_default_yaml() -> str:
         lines += ["", *textwrap.wrap(f.metadata["help"], 100, initial_indent="# ", subsequent_indent="# ")]
         if f.name == "knobs":
             lines.append("knobs:")
-            lines += [f"  {k}: {yaml_value(v)}" for k, v in Knobs().as_dict().items() if k != "version"]
+            lines += [f"  {k}: {yaml_value(v)}" for k, v in Knobs(**DAEMON_KNOBS).as_dict().items() if k != "version"]
         elif f.name == "slo":
             lines.append("slo: {}              # the default class's targets come from slo_classes")
         elif f.name == "slo_classes":

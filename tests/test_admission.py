@@ -36,7 +36,7 @@ class LinearCost:
 
 
 def scheduler(knobs: Knobs | None = None) -> Scheduler:
-    s = Scheduler(BlockManager(10_000, 16), "deadline", knobs or Knobs(token_budget=256), clock=lambda: NOW)
+    s = Scheduler(BlockManager(10_000, 16), "deadline", knobs or Knobs(token_budget=256, admission_slack=1.0), clock=lambda: NOW)
     s.cost = LinearCost()
     s.arrival_guard_s = 1.0
     return s
@@ -82,7 +82,7 @@ def test_only_earlier_deadlines_are_ahead():
 
 
 def test_full_running_slots_add_the_wait_for_one_to_finish():
-    s = scheduler(Knobs(token_budget=256, max_num_seqs=2))
+    s = scheduler(Knobs(token_budget=256, max_num_seqs=2, admission_slack=1.0))
     s.running.extend([decoding(0, left=30), decoding(1, left=80)])
     own = request(9, 100)
     # both slots taken: the first frees after 30 decode steps of 0.02 + 0.002 s, then its own 100-token chunk
@@ -139,7 +139,7 @@ def test_late_interactive_requests_are_shed_and_batch_ones_served():
 
 def overload_sim(num_requests: int, prompt: int = 400) -> Simulator:
     cost = CostModel((0.02, 1e-3, 0.0, 0.0, 0.0, 0.0, 0.0))
-    sim = Simulator(cost, num_blocks=100_000, knobs=Knobs(token_budget=256), coast=False,
+    sim = Simulator(cost, num_blocks=100_000, knobs=Knobs(token_budget=256, admission_slack=1.0), coast=False,
                     slo_classes=SloClasses.single(INTERACTIVE))
     sim.submit([RequestSpec(0.0, prompt, 8, "burst", None) for _ in range(num_requests)])
     return sim

@@ -16,6 +16,7 @@ from serving.settings import SettingsError, load_settings
 from autotuner.tuner_service import TunerService
 from serving.api_server import ApiConfig
 from engine.engine_config import EngineConfig
+from policies import Knobs
 from tests.conftest import make_engine
 from tests.live_server import LiveServer
 
@@ -164,11 +165,13 @@ def test_every_setting_takes_its_default_from_the_dataclass_that_uses_it():
     """The settings pass on the engine's, API's and daemon's own defaults: nothing is restated."""
     from dataclasses import fields
 
-    from serving.settings import Settings
+    from serving.settings import DAEMON_KNOBS, Settings
 
     defaults = Settings()
     engine, api, daemon = defaults.engine_config(), defaults.api_config("m"), defaults.daemon_config("m")
-    fresh_engine, fresh_api = EngineConfig(), ApiConfig(served_model_name="m")
+    # the one deliberate difference: the daemon sheds load (DAEMON_KNOBS), the library engine admits everything
+    fresh_engine = EngineConfig(knobs=Knobs(**DAEMON_KNOBS))
+    fresh_api = ApiConfig(served_model_name="m")
     assert {f.name: getattr(engine, f.name) for f in fields(EngineConfig)} == \
         {f.name: getattr(fresh_engine, f.name) for f in fields(EngineConfig)}
     assert (api.max_waiting, api.max_body_bytes, api.default_max_tokens, api.engine_stall_s) == \
