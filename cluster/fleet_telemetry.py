@@ -24,20 +24,22 @@ class FleetTelemetry:
     starting: int = 0                 # replicas loading their model
     queued_tokens: float = 0.0        # work waiting for a first token, at the replicas and the ingress, now
                                       # (prompt + max_tokens of each waiting request, as the router's load)
+    shed: int = 0                     # of the arrivals, those every replica tried shed (answered 429)
 
     def __post_init__(self) -> None:
-        if not self.interval_s > 0 or self.arrivals < 0 or self.finished < 0 or self.queued_tokens < 0:
-            raise ValueError("telemetry: interval_s must be > 0, arrivals, finished and queued_tokens >= 0")
+        if not self.interval_s > 0 or min(self.arrivals, self.finished, self.queued_tokens, self.shed) < 0:
+            raise ValueError("telemetry: interval_s must be > 0, arrivals, finished, queued_tokens and shed >= 0")
 
     @staticmethod
     def of(interval_s: float, arrivals: int, prompt_tokens: int, output_tokens: int, cached_tokens: int,
-           replicas: ReplicaTelemetry, serving: int, starting: int, queued_tokens: float = 0.0) -> FleetTelemetry:
+           replicas: ReplicaTelemetry, serving: int, starting: int, queued_tokens: float = 0.0,
+           shed: int = 0) -> FleetTelemetry:
         """From an interval's arrivals (counts and token sums) and the replicas' summed answers."""
         n = arrivals
         return FleetTelemetry(interval_s, n, prompt_tokens / n if n else 0.0, output_tokens / n if n else 0.0,
                               cached_tokens / prompt_tokens if prompt_tokens else 0.0, replicas.kv_usage,
                               replicas.finished, replicas.ttft_mean_s, replicas.tpot_mean_s, replicas.attainment,
-                              serving, starting, queued_tokens)
+                              serving, starting, queued_tokens, shed)
 
     @property
     def rate_rps(self) -> float:

@@ -6,6 +6,11 @@ while loading or draining) is marked unhealthy and the request goes to another o
 response has begun it cannot be retried, so a stream cut by a replica's death ends with an
 OpenAI-style error event and `[DONE]`, and a buffered response with a 502. The other replicas
 keep serving meanwhile, and Serve restarts the dead one (its load answers again: healthy).
+
+Overload: a replica that sheds a request (429 with Retry-After, before its response begins) may
+only be the busy one, so the request goes to another replica not yet tried; when every replica
+has shed it (or none other is left), the ingress answers 429 itself with the smallest Retry-After
+they gave. A 429 without Retry-After is a limit on the client, not load: relayed as it is.
 """
 
 # no `from __future__ import annotations`: FastAPI must see the handlers' real types (Request)
@@ -47,6 +52,20 @@ app = FastAPI(title="autotuned-serve cluster", version="0.1.0")
 def _error(status: int, message: str, type_: str, code: str | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, type_, code=code), status, headers)
+
+
+def _overloaded(retry_after: int) -> JSONResponse:
+    return _error(429, f"every replica is overloaded; retry in {retry_after} s", "rate_limit_error",
+                  code="overloaded", headers={"Retry-After": str(retry_after)})
+
+
+def shed_retry_after(head: ResponseHead) -> int | None:
+    """The Retry-After (whole seconds, at least 1) of a replica's 429 that shed load; None for any
+    other answer, a 429 without it (or with a date) included."""
+    if head.status != 429:
+        return None
+    value = next((v.strip() for k, v in head.headers if k.lower() == "retry-after"), "")
+    return max(1, int(value)) if value.isascii() and value.isdigit() else None
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -132,37 +151,70 @@ class Ingress:
         key = (route_key(path, body, self.tokenizer, self.block_size, self.default_max_tokens)
                if replica is None else NO_KEY)
         tried: list[str] = []
+        shed: list[int] = []                  # the Retry-After of each replica that shed it
         while True:
-            decision = await self._choose(key, tried, replica)
+            decision = await self._choose(key, tried, replica, wait=not shed)
             if decision is None:
-                return _error(503, "no replica is available; retry later", "service_unavailable",
-                              code="no_replica", headers={"Retry-After": "1"})
-            if not tried:
+                return self._unserved(shed)
+            if not tried:                     # once per request: a retry is the same demand
                 self.metrics.on_decision(decision, time.perf_counter() - start)
                 if self.planner and replica is None:
                     self.planner.on_routed(key.prompt_tokens, key.output_tokens, decision.cached_tokens)
-            stream = self.handles[decision.replica].options(stream=True).handle_http.remote(call)
-            self._sent(decision.replica)
-            try:
-                head = await anext(stream)
-            except REPLICA_FAILURES as e:
-                log.warning("replica %s failed before answering (%s); trying another", decision.replica,
-                            type(e).__name__)
-                self.router.mark_unhealthy(decision.replica)
-                self._done(decision.replica)
-            else:
-                if head.status != 503 or replica is not None or len(tried) + 1 >= len(self.router.replicas):
+            head, stream = await self._send(decision.replica, call)
+            retry_after = None if head is None else shed_retry_after(head)
+            if head is not None:
+                if replica is not None or not self._send_on(head, retry_after, tried, shed):
                     return await self._respond(head, stream, decision.replica)
-                stream.cancel()                    # loading or draining: another replica may serve it now
+                stream.cancel()               # the replica aborts it; another one may serve it now
                 self._done(decision.replica)
-            if replica is not None:
+            elif replica is not None:
                 return _error(502, f"replica {replica} failed", "server_error", code="replica_failed")
             tried.append(decision.replica)
-            self.metrics.retries.labels(decision.replica).inc()
+            self._count_resend(decision.replica, retry_after, shed)
 
-    async def _choose(self, key, tried: list[str], replica: str | None) -> Decision | None:
+    async def _send(self, replica: str, call: HttpCall) -> tuple[ResponseHead | None, DeploymentResponseGenerator]:
+        """The replica's response head, or None (marked unhealthy) when it failed before answering."""
+        stream = self.handles[replica].options(stream=True).handle_http.remote(call)
+        self._sent(replica)
+        try:
+            return await anext(stream), stream
+        except REPLICA_FAILURES as e:
+            log.warning("replica %s failed before answering (%s); trying another", replica, type(e).__name__)
+            self.router.mark_unhealthy(replica)
+            self._done(replica)
+            return None, stream
+
+    def _send_on(self, head: ResponseHead, retry_after: int | None, tried: list[str], shed: list[int]) -> bool:
+        """Whether another replica should get the request after this answer: always after a shed
+        (with none left, the ingress answers 429); after a 503 (loading, draining) while another
+        replica is left, or when an earlier one shed it (then load, not absence, is the answer)."""
+        if retry_after is not None:
+            return True
+        return head.status == 503 and (bool(shed) or len(tried) + 1 < len(self.router.replicas))
+
+    def _count_resend(self, replica: str, retry_after: int | None, shed: list[int]) -> None:
+        if retry_after is None:
+            self.metrics.retries.labels(replica).inc()
+            return
+        shed.append(retry_after)
+        self.metrics.replica_sheds.labels(replica).inc()
+        if self.planner:
+            self.planner.on_shed()
+
+    def _unserved(self, shed: list[int]) -> JSONResponse:
+        """No replica left to try: 429 when one shed it (the fleet is overloaded), else 503."""
+        if not shed:
+            return _error(503, "no replica is available; retry later", "service_unavailable",
+                          code="no_replica", headers={"Retry-After": "1"})
+        self.metrics.shed_requests.inc()
+        if self.planner:
+            self.planner.on_overloaded()
+        return _overloaded(min(shed))
+
+    async def _choose(self, key, tried: list[str], replica: str | None, wait: bool = True) -> Decision | None:
         """The router's pick; with none healthy (start-up, all restarting) waits up to the load
-        timeout for one to answer."""
+        timeout for one to answer, unless `wait` is off (a replica already shed the request: its
+        429 is the answer rather than a wait)."""
         if replica is not None:
             return Decision(replica, "direct", 0, 0)
         deadline = time.monotonic() + self.spec.router.load_timeout_s
@@ -170,7 +222,7 @@ class Ingress:
             try:
                 return self.router.choose(key.block_keys, key.prompt_tokens, key.output_tokens, exclude=tried)
             except NoReplicaError:
-                if time.monotonic() > deadline or len(tried) >= len(self.router.replicas):
+                if not wait or time.monotonic() > deadline or len(tried) >= len(self.router.replicas):
                     return None
                 await asyncio.sleep(0.05)
 

@@ -8,6 +8,12 @@ its load answers healthy (model loaded). Scale-down: the leaving replica (fewest
 flight) leaves the router at once (no new request; its prefixes leave the index), finishes what
 it holds, and is set to 0 only when the ingress has no request in flight on it, so Serve stops an
 idle replica. Requests it answered 503 (loading, draining) were already sent elsewhere.
+
+Demand is counted at routing, once per request: a request one replica shed (429) and the ingress
+sent on is one arrival however many replicas it tried. Each replica also books a request it shed
+as finished and missed; the fleet's outcome is the request's last answer only, so the sheds that
+were followed by another try come off the replicas' finished count: a request every replica shed
+is one miss, and one of the interval's `shed`.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from cluster.fleet_telemetry import FleetTelemetry
 from cluster.planner import PlanDecision, Planner
@@ -41,6 +48,7 @@ class PlannerService:
         self.inflight: Counter[str] = Counter()
         self.last: PlanDecision | None = None
         self._arrivals = self._prompt = self._output = self._cached = 0
+        self._sheds = self._overloaded = 0
 
     # -- what the ingress tells it --
     def on_routed(self, prompt_tokens: int, output_tokens: int, cached_tokens: int) -> None:
@@ -48,6 +56,14 @@ class PlannerService:
         self._prompt += prompt_tokens
         self._output += output_tokens
         self._cached += cached_tokens
+
+    def on_shed(self) -> None:
+        """A replica shed a routed request (429 with Retry-After)."""
+        self._sheds += 1
+
+    def on_overloaded(self) -> None:
+        """Every replica the ingress could try shed a request: it answered 429."""
+        self._overloaded += 1
 
     def sent(self, replica: str) -> None:
         self.inflight[replica] += 1
@@ -75,9 +91,11 @@ class PlannerService:
         loads = [self.router.loads[r] for r in self.active if r in self.router.loads]
         serving = sum(load.healthy for load in loads)
         telemetry = FleetTelemetry.of(self.config.interval_s, self._arrivals, self._prompt, self._output, self._cached,
-                                      replicas, serving, len(self.active) - serving,
-                                      sum(load.queued_tokens for load in loads))
+                                      last_answers(replicas, self._sheds - self._overloaded), serving,
+                                      len(self.active) - serving, sum(load.queued_tokens for load in loads),
+                                      self._overloaded)
         self._arrivals = self._prompt = self._output = self._cached = 0
+        self._sheds = self._overloaded = 0
         return telemetry
 
     async def scale_to(self, target: int) -> None:
@@ -113,3 +131,9 @@ class PlannerService:
                 "last": None if d is None else {"target": d.target, "wanted": d.wanted, "reason": d.reason,
                                                 "forecast_rps": d.forecast_rps, "backlog_rps": d.backlog_rps,
                                                 "per_replica_rps": d.per_replica_rps}}
+
+
+def last_answers(replicas: ReplicaTelemetry, sent_on: int) -> ReplicaTelemetry:
+    """The replicas' books less the `sent_on` sheds another replica then answered (or shed again):
+    each is booked finished and missed where it was shed (a shed never meets its SLO, so `met` stays)."""
+    return replace(replicas, finished=max(replicas.met, replicas.finished - sent_on))

@@ -22,6 +22,11 @@ class RouterMetrics:
                                      "the chosen replica to have cached.", ["replica"], registry=r)
         self.retries = Counter(P + "router_retries", "Requests sent again to another replica after a "
                                "failure before their response began.", ["replica"], registry=r)
+        self.replica_sheds = Counter(P + "router_replica_sheds", "Answers a replica shed (429 with Retry-After) "
+                                     "before its response began; the request went on to a replica not yet "
+                                     "tried, or was answered 429 by the ingress.", ["replica"], registry=r)
+        self.shed_requests = Counter(P + "router_shed_requests", "Requests the ingress answered 429: every replica "
+                                     "it could try shed them.", registry=r)
         self.failed = Counter(P + "router_stream_failures", "Responses cut by their replica's failure after "
                               "they began (answered with an error).", ["replica"], registry=r)
         self.load = Gauge(P + "router_replica_load_tokens", "Queued + running tokens of each replica, as the "
