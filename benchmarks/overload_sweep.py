@@ -1,4 +1,4 @@
-"""Goodput past capacity, admission on and off side by side (docs/operations.md#overload).
+"""Goodput past capacity, admission on and off side by side (docs/overload.md#overload).
 
 The sustained capacity is measured first with admission off (`loadgen.capacity`, the same criteria as
 `autotuned-serve capacity`); then open-loop Poisson arrivals at each multiple of it run for
@@ -58,7 +58,8 @@ class LevelResult:
     admitted_within_slo: float | None # share of the admitted requests that met their SLO
     shed_answer_p99_s: float | None = None   # live: client-side time to a 429
     shed_without_retry_after: int = 0
-    server_errors: int = 0            # live: 5xx and stream errors
+    server_errors: int = 0            # live: answers other than 200 and 429, stream errors, and requests unfinished
+                                      # --drain-s after the last arrival
 
 
 def judged(records: list[RequestRecord], slo: SloClass, duration_s: float, level: float, rps: float,
