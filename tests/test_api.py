@@ -226,3 +226,19 @@ def test_cache_salt_keeps_tenants_apart_and_usage_reports_cached_tokens(server, 
     assert cached("tenant-a") == 12
     assert cached("tenant-b") == 0                     # the same prompt, another tenant: nothing shared
     wait_idle(server)
+
+
+def test_admission_refusal_is_a_429_with_the_predicted_drain_and_counts_as_shed(server, monkeypatch):
+    from engine.scheduling.admission import SHED_PREDICTED, Admission
+    admission = server.engine.scheduler.admission
+    monkeypatch.setattr(admission, "decide", lambda *a, **k: Admission(False, 5.2, 3.2, SHED_PREDICTED))
+    before = server.engine.finished_by_reason["shed"]
+    r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "w5", "max_tokens": 3,
+                                                         "stream": True})
+    assert r.status_code == 429 and r.headers["retry-after"] == "4"
+    assert r.json()["error"]["type"] == "rate_limit_error" and r.json()["error"]["code"] == "overloaded"
+    deadline = time.monotonic() + 5
+    while server.engine.finished_by_reason["shed"] == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.engine.finished_by_reason["shed"] == before + 1
+    wait_idle(server)
