@@ -126,6 +126,8 @@ class Simulator:
         decision = self.scheduler.admission.decide(request, self.scheduler, self.now)
         if not decision.admitted:
             self.shed_retry_after.append((request, decision.retry_after_s))
+            request.finish_reason = FinishReason.SHED
+            request.timings.finished = self.now
             self._end_shed(request)
             return
         self.scheduler.add(request)
@@ -133,11 +135,6 @@ class Simulator:
     def _end_shed(self, request: Request) -> None:
         """Refused at arrival or ended in the queue by admission: a finished request that met no SLO."""
         self.num_shed += 1
-        if request in self.scheduler.waiting:
-            self.scheduler.finish(request, FinishReason.SHED)
-        else:
-            request.finish_reason = FinishReason.SHED
-            request.timings.finished = self.now
         record = request_record(request)
         for listener in self.finish_listeners:
             listener(record)
@@ -177,6 +174,7 @@ class Simulator:
     def step(self, t_end: float = float("inf")) -> None:
         start = self.now
         for request in self.scheduler.admission.expired(self.scheduler, self.now):
+            self.scheduler.finish(request, FinishReason.SHED)
             self._end_shed(request)
         result = self.scheduler.schedule()
         if not result.scheduled:

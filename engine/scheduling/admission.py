@@ -174,21 +174,16 @@ def predict_ttft(request: Request, scheduler: Scheduler, now: float, pending: tu
     total_s = max(_prefill_s(time, request, work, chunk),
                   _slot_wait_steps(running, len(ahead), knobs.max_num_seqs) * time.seconds()
                   + _prefill_s(time, request, own, chunk))
-    return TtftPrediction(total_s, _prefill_s(StepTime(cost, scheduler.shape), request, own,
-                                              min(knobs.token_budget, _idle_chunk(request, cost, scheduler))))
+    idle = StepTime(cost, scheduler.shape)
+    idle_chunk = min(knobs.token_budget, max(idle.largest_chunk(request, own, scheduler.arrival_guard_s),
+                                             min(own, MIN_PACED_CHUNK)))   # an idle engine's steps: up to the guard
+    return TtftPrediction(total_s, _prefill_s(idle, request, own, idle_chunk))
 
 
 def _prefill_s(time: StepTime, request: Request, tokens: int, chunk: int) -> float:
     """`tokens` of prefill in steps of `chunk` beside what `time` holds, the last step priced at its own size."""
     full, rest = divmod(tokens, chunk)
     return full * time.with_chunk(request, chunk) + (time.with_chunk(request, rest) if rest else 0.0)
-
-
-def _idle_chunk(request: Request, cost, scheduler: Scheduler) -> int:
-    """The chunk of an idle engine's steps: as long as the arrival guard allows."""
-    left = remaining_tokens(request)
-    time = StepTime(cost, scheduler.shape)
-    return max(time.largest_chunk(request, left, scheduler.arrival_guard_s), min(left, MIN_PACED_CHUNK))
 
 
 def _slot_wait_steps(running: tuple[Request, ...], num_ahead: int, max_num_seqs: int) -> int:
