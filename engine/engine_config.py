@@ -9,6 +9,7 @@ import torch
 from engine.model.checkpoint import quantized_kernels_usable, resolve_model
 from engine.kernels.cpu_kernels import fast_library
 from engine.kv_cache.block_manager import BLOCK_SIZE
+from engine.speculation.ngram_drafter import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
 from engine.errors import ModelLoadError
 from policies import DEFAULT_POLICY, Knobs
 
@@ -41,6 +42,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # reuse the KV of prompt prefixes already in the pool (prefix_cache.py)
     jump_forward: bool = True           # a constrained request's grammar-forced tokens join its output unsampled,
                                         # computed as one chunk (engine/structured/grammar_state.py)
+    # speculative decoding's prompt-lookup drafter: the n-gram sizes it matches, longest first
+    # (engine/speculation/ngram_drafter.py); how many drafts a step verifies is the knobs' (speculative_tokens)
+    ngram_sizes: tuple[int, int] = (DEFAULT_MIN_NGRAM, DEFAULT_MAX_NGRAM)
     # a model with sliding-window layers keeps its KV in pages per layer group, the sliding groups' pages given
     # back as each request's window passes (kv_groups.py; vLLM's hybrid KV cache manager); False: every layer
     # keeps every block, as a model without such layers

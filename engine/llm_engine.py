@@ -22,12 +22,14 @@ from engine.errors import InvalidRequestError, ModelLoadError
 from engine.idle_memory import return_free_heap
 from engine.logprobs import TokenLogprob
 from engine.model_runner import ModelRunner, StepTiming
-from engine.outputs import GrammarStep, RequestOutput, RequestRecord, StepRecord
+from engine.outputs import DraftStep, GrammarStep, RequestOutput, RequestRecord, StepRecord
 from engine.kv_cache.kv_groups import KvGroups, window_shape
 from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
 from engine.scheduling.request import FinishReason, Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduling.scheduler import ScheduleResult, Scheduler
+from engine.speculation.ngram_drafter import NgramDrafter
+from engine.speculation.speculator import Speculator
 from engine.structured.step_masks import StepMasks
 from engine.slo_class import DEFAULT_CLASS, SloClass
 from engine.model.tokenizer import Tokenizer, load_tokenizer
@@ -92,6 +94,7 @@ class LLMEngine:
         pool = PrefixCachingBlockManager if config.enable_prefix_caching else BlockManager
         self.block_manager = pool(num_blocks, config.block_size, self.runner.kv_groups)
         self.scheduler = Scheduler(self.block_manager, config.policy, config.knobs, shape=window_shape(mc))
+        self.scheduler.speculator = Speculator(NgramDrafter(*config.ngram_sizes))
         if on_gpu and config.cuda_graphs:
             self.runner.capture_decode_graphs(num_blocks)   # no step runs more sequences than there are blocks
         self._grammars = None     # the GrammarCompiler, made on first use (engine/structured/)
@@ -286,28 +289,31 @@ class LLMEngine:
         if not result.scheduled:
             return shed
         sampling = [s.request for s in result.scheduled if s.samples]
-        masks = StepMasks([r.grammar for r in sampling], self.model_config.vocab_size) \
+        masks = StepMasks([s.request.grammar for s in result.scheduled if s.samples
+                           for _ in range(1 + s.num_drafts)], self.model_config.vocab_size) \
             if any(r.grammar is not None for r in sampling) else None
         try:
-            out = self.runner.execute(result.scheduled, [self._banned(r) for r in sampling], return_logits, masks)
+            out = self.runner.execute(result.scheduled, self._banned, return_logits, masks)
         except Exception:  # the step's requests fail; the engine and every other request go on
             log.exception("step %d failed; failing its %d requests", self._step, len(result.scheduled))
             return [self._fail(s.request) for s in result.scheduled]
-        self.scheduler.commit(result)
+        self.scheduler.commit(result, out.kept_drafts)
         self.last_logits = out.logits
         for request_id, scored in out.prompt_logprobs.items():
             self._prompt_logprobs.setdefault(request_id, []).extend(scored)
         now = time.monotonic()
         self.scheduler.error_budget.observe(sampling, now)
         gaps = token_gaps(sampling, now)
-        outputs = [self._append_or_fail(r, out.tokens[r.request_id], now, out.logprobs.get(r.request_id))
+        outputs = [self._append_or_fail(r, out.tokens[r.request_id], now, out.logprobs.get(r.request_id, ()))
                    for r in sampling]
         for r, o in zip(sampling, outputs):
             if len(o.token_ids) == len(o.new_token_ids) or r.is_finished:   # its prompt is in the KV: forks may go
                 self._release_forks(r.request_id)
         grammar = GrammarStep(len(masks.rows) if masks else 0, out.timing.mask_s,
-                              sum(max(0, len(o.new_token_ids) - 1) for o in outputs))
-        self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing, gaps, grammar)
+                              sum(max(0, len(o.new_token_ids) - 1) for r, o in zip(sampling, outputs)
+                                  if r.grammar is not None))
+        drafts = DraftStep(result.num_draft_tokens, sum(out.kept_drafts.values()), len(out.kept_drafts))
+        self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing, gaps, grammar, drafts)
         return shed + outputs
 
     def _shed_expired(self, now: float) -> list[RequestOutput]:
@@ -337,10 +343,10 @@ class LLMEngine:
         for fork in self._forks.pop(parent_id, ()):
             self.scheduler.add(fork)
 
-    def _append_or_fail(self, request: Request, token: int, now: float,
-                        logprob: TokenLogprob | None = None) -> RequestOutput:
+    def _append_or_fail(self, request: Request, tokens: list[int], now: float,
+                        logprobs: list[TokenLogprob] | tuple = ()) -> RequestOutput:
         try:
-            return self._append(request, token, now, logprob)
+            return self._append(request, tokens, now, logprobs)
         except Exception:
             log.exception("request %s failed while processing its output", request.request_id)
             return self._fail(request)
@@ -350,33 +356,42 @@ class LLMEngine:
         self._release_forks(request.request_id)
         return self._output(request, [])
 
-    def _banned(self, request: Request) -> tuple[int, ...]:
+    def _banned(self, request: Request, ahead: int = 0) -> tuple[int, ...]:
+        """Tokens the request may not sample `ahead` positions past its outputs (a verified draft's rows)."""
         p = request.params
-        if request.num_output_tokens >= p.min_tokens or request.grammar is not None:   # a grammar decides its end
+        if request.num_output_tokens + ahead >= p.min_tokens or request.grammar is not None:   # a grammar decides its end
             return ()
         return p.stop_token_ids + (() if p.ignore_eos else self.eos_token_ids)
 
-    def _append(self, request: Request, token: int, now: float, logprob: TokenLogprob | None = None) -> RequestOutput:
-        """One emission: the sampled token, and the tokens its grammar forces after it (jump-forward)."""
-        request.output_token_ids.append(token)
+    def _append(self, request: Request, tokens: list[int], now: float,
+                logprobs: list[TokenLogprob] | tuple = ()) -> RequestOutput:
+        """One emission: the sampled token (after verified drafts, the kept drafts and the sample after them),
+        and the tokens its grammar forces after it (jump-forward). A stop ends it at the token that stops."""
         t = request.timings
         if t.first_token is None:
             t.first_token = now
             self.scheduler.admission.observe(request, now)
         t.token_times.append(now)
-        new = [token]
-        reason = self._stop_reason(request, token)
-        if request.grammar is not None:
-            reason, forced = self._follow_grammar(request, token, reason)
-            new += forced
         detok = self._detokenizers[request.request_id]
-        if reason is not FinishReason.STOP:  # a stop token is not part of the text
-            detok.add(request.output_token_ids)
-        if detok.stopped:
-            reason = FinishReason.STOP
+        new: list[int] = []
+        reason = None
+        for token in tokens:
+            request.output_token_ids.append(token)
+            new.append(token)
+            reason = self._stop_reason(request, token)
+            if request.grammar is not None:
+                reason, forced = self._follow_grammar(request, token, reason)
+                new += forced
+            if reason is not FinishReason.STOP:  # a stop token is not part of the text
+                detok.add(request.output_token_ids)
+            if detok.stopped:
+                reason = FinishReason.STOP
+            if reason is not None:
+                break
         if reason is not None:
             self._finish(request, reason)
-        return self._output(request, new, (logprob,) if logprob is not None else ())
+        sampled = len(new) if request.grammar is None else 1
+        return self._output(request, new, tuple(logprobs[:sampled]))
 
     def _follow_grammar(self, request: Request, token: int,
                         reason: FinishReason | None) -> tuple[FinishReason | None, list[int]]:
@@ -408,7 +423,6 @@ class LLMEngine:
     def _finish(self, request: Request, reason: FinishReason) -> None:
         self.finished_by_reason[reason.value] += 1
         self.scheduler.finish(request, reason)
-        self.runner.sampler.forget(request.request_id)
         if self.finish_listeners:
             record = request_record(request)
             for listener in self.finish_listeners:
@@ -430,9 +444,10 @@ class LLMEngine:
                              request.cache.cached_tokens, logprobs, None if scored is None else tuple(scored))
 
     def _emit_record(self, result: ScheduleResult, num_sampled: int, start: float, duration: float,
-                     schedule_s: float, timing: StepTiming, gaps: tuple[float, ...], grammar: GrammarStep) -> None:
+                     schedule_s: float, timing: StepTiming, gaps: tuple[float, ...], grammar: GrammarStep,
+                     drafts: DraftStep) -> None:
         record = step_record(self._step, result, self.scheduler, num_sampled, start, duration, schedule_s, timing,
-                             gaps, grammar)
+                             gaps, grammar, drafts)
         self._step += 1
         self.last_record = record
         for listener in self.step_listeners:
@@ -453,12 +468,13 @@ def token_gaps(sampling: list[Request], now: float) -> tuple[float, ...]:
 
 def step_record(step: int, result: ScheduleResult, scheduler: Scheduler, num_sampled: int, start: float,
                 duration: float, schedule_s: float, timing: StepTiming, gaps: tuple[float, ...] = (),
-                grammar: GrammarStep = GrammarStep()) -> StepRecord:
-    """The step's facts for telemetry (shared with the simulator, which predicts `timing`)."""
+                grammar: GrammarStep = GrammarStep(), drafts: DraftStep = DraftStep()) -> StepRecord:
+    """The step's facts for telemetry (shared with the simulator, which predicts `timing`). A verifying
+    decode counts as its decode rows (the drafted tokens among the decode tokens)."""
     decodes = result.num_decode_tokens
     return StepRecord(
         step=step, start=start, duration_s=duration, num_prefill_tokens=result.num_tokens - decodes,
-        num_decode_tokens=decodes, num_prefill_seqs=len(result.scheduled) - decodes,
+        num_decode_tokens=decodes, num_prefill_seqs=(result.num_rows or len(result.scheduled)) - decodes,
         num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
         num_preempted=result.num_preempted, kv_usage=scheduler.blocks.usage,
         context_tokens=result.context_tokens, attended_pairs=result.attended_pairs, num_sampled=num_sampled,
@@ -467,7 +483,8 @@ def step_record(step: int, result: ScheduleResult, scheduler: Scheduler, num_sam
         prefix_cache_queries=result.cache.queries, prefix_cache_hits=result.cache.hits,
         prefix_cache_evictions=result.cache.evictions, prefix_cache_blocks=result.cache.cached_blocks,
         head_rows=result.num_sampled, grammar_rows=grammar.rows, mask_s=grammar.mask_s,
-        forced_tokens=grammar.forced_tokens)
+        forced_tokens=grammar.forced_tokens, draft_tokens=drafts.drafted, kept_draft_tokens=drafts.kept,
+        draft_seqs=drafts.seqs)
 
 
 def request_record(request: Request) -> RequestRecord:

@@ -28,9 +28,12 @@ class LogitRows:
 
 
 def plan_logit_rows(scheduled: list[ScheduledRequest], query_starts: np.ndarray, sampling: np.ndarray) -> LogitRows:
+    """`scheduled`: the step's sequences as laid out (engine.speculation.verification.layout_rows: a
+    verifying decode as its decode rows); `sampling`: the indices of those that sample."""
     if not any(s.request.params.prompt_logprobs is not None and not s.is_decode for s in scheduled):
         last = (query_starts + np.array([s.num_tokens for s in scheduled], dtype=np.int64) - 1)[sampling]
         return LogitRows(last, np.arange(len(sampling), dtype=np.int64))
+    samples = set(sampling.tolist())
     positions: list[int] = []
     sample_rows: list[int] = []
     spans: list[PromptSpan] = []
@@ -42,7 +45,7 @@ def plan_logit_rows(scheduled: list[ScheduledRequest], query_starts: np.ndarray,
                 targets = request.prompt_token_ids[s.context_len + 1:s.context_len + 1 + scored]
                 spans.append(PromptSpan(j, len(positions), list(targets)))
                 positions.extend(range(start, start + scored))
-        if s.samples:
+        if j in samples:
             sample_rows.append(len(positions))
             positions.append(start + s.num_tokens - 1)
     return LogitRows(np.array(positions, dtype=np.int64), np.array(sample_rows, dtype=np.int64), tuple(spans))

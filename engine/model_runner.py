@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,9 @@ from engine.logit_rows import LogitRows, plan_logit_rows
 from engine.logprobs import TokenLogprob, token_logprobs
 from engine.sampler import Sampler, SampleRow
 from engine.structured.step_masks import StepMasks
+from engine.scheduling.request import Request
 from engine.scheduling.scheduler import ScheduledRequest
+from engine.speculation.verification import kept_drafts, layout_rows
 
 if TYPE_CHECKING:
     from engine.decode_graphs import DecodeGraphs
@@ -42,11 +45,12 @@ class StepTiming:
 
 @dataclass(frozen=True)
 class StepOutput:
-    tokens: dict[str, int]        # request_id -> its new token, for requests that sampled
+    tokens: dict[str, list[int]]  # request_id -> its new tokens (one; after verified drafts, 1 + those kept)
     logits: torch.Tensor | None   # [sampling rows, vocab] when asked for (tests)
     timing: StepTiming
-    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)          # for the requests that ask
+    logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)    # one per new token, where asked
     prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)   # this step's prompt positions
+    kept_drafts: dict[str, int] = field(default_factory=dict)   # verifying decodes: drafted tokens kept
 
 
 class ModelRunner:
@@ -169,18 +173,21 @@ class ModelRunner:
             self.quantized_path.max_rows = rows
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest], banned: list[tuple[int, ...]] | None = None,
+    def execute(self, scheduled: list[ScheduledRequest], banned: Banned | None = None,
                 return_logits: bool = False, masks: StepMasks | None = None) -> StepOutput:
-        """Run one step. `banned[i]` lists tokens the i-th *sampling* request may not pick (min_tokens);
-        `masks`: the grammar masks of the constrained sampling rows, being filled while the forward runs."""
+        """Run one step. `banned(request, j)`: the tokens a sampling request may not pick at its j-th row
+        (min_tokens); `masks`: the grammar masks of the sampling rows (engine.speculation.verification's
+        order), being filled while the forward runs."""
         t0 = time.perf_counter()
-        layout, input_ids, sampling = self._prepare(scheduled)
+        seqs, sampling = layout_rows(scheduled)
+        layout, input_ids = self._prepare(seqs)
+        sampling = np.array(sampling, dtype=np.int64)
         graphs = self.decode_graphs if self.decode_graphs is not None and self.decode_graphs.runs(layout) else None
         if graphs is None:
-            meta = self._step_metadata(layout, [list(t) for t in zip(*(s.request.group_tables for s in scheduled))]
+            meta = self._step_metadata(layout, [list(t) for t in zip(*(s.request.group_tables for s in seqs))]
                                        if self.kv_groups else None)
             to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-            rows = plan_logit_rows(scheduled, layout.query_starts, sampling)
+            rows = plan_logit_rows(seqs, layout.query_starts, sampling)
         t1 = time.perf_counter()
         if graphs is not None:
             logits = graphs.replay(input_ids, layout)
@@ -193,21 +200,17 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)   # kernels run asynchronously: forward_s times them to the end
         t2 = time.perf_counter()
-        prompt_logprobs = self._prompt_logprobs(logits, rows, scheduled) if rows and rows.prompt_spans else {}
+        prompt_logprobs = self._prompt_logprobs(logits, rows, seqs) if rows and rows.prompt_spans else {}
         if rows is not None and rows.prompt_spans:
             logits = logits[torch.from_numpy(rows.sample_rows).to(self.device)]
-        requests = [scheduled[i].request for i in sampling]
-        ids = [r.request_id for r in requests]
-        banned = banned or [()] * len(requests)
         filled = masks.result() if masks is not None else None
         picked = self.sampler.sample(logits.clone() if return_logits else logits,
-                                     [SampleRow(r.request_id, r.params, b, r.prompt_token_ids, r.output_token_ids)
-                                      for r, b in zip(requests, banned)], filled)
+                                     sample_rows(scheduled, banned), filled)
         t3 = time.perf_counter()
-        logprobs = {rid: lp for rid, lp in zip(ids, picked.logprobs) if lp is not None}
-        return StepOutput(dict(zip(ids, picked.tokens)), logits.cpu() if return_logits else None,
+        tokens, logprobs, kept = verified(scheduled, picked.tokens, picked.logprobs)
+        return StepOutput(tokens, logits.cpu() if return_logits else None,
                           StepTiming(t1 - t0, t2 - t1, t3 - t2, filled.fill_s if filled else 0.0), logprobs,
-                          prompt_logprobs)
+                          prompt_logprobs, kept)
 
     @staticmethod
     def _prompt_logprobs(logits: torch.Tensor, rows: LogitRows,
@@ -234,7 +237,9 @@ class ModelRunner:
                           to(np.arange(n, dtype=np.int64)), self.attention, self._kv_tensor(pages, self.dtype),
                           self._step_metadata(layout, tables)).cpu()
 
-    def _prepare(self, scheduled: list[ScheduledRequest]) -> tuple[BatchLayout, np.ndarray, np.ndarray]:
+    def _prepare(self, scheduled: list[ScheduledRequest]) -> tuple[BatchLayout, np.ndarray]:
+        """The layout of the step's sequences (layout_rows: a verifying decode as its decode rows) and its
+        input tokens."""
         num_decodes = sum(1 for s in scheduled if s.is_decode)
         input_ids = np.fromiter((t for s in scheduled for t in s.request.token_ids(s.context_len,
                                  s.context_len + s.num_tokens)), dtype=np.int64)
@@ -245,8 +250,46 @@ class ModelRunner:
             block_tables=[np.asarray(s.request.block_table, dtype=np.int64) for s in scheduled],
             block_size=self.block_size,
         )
-        sampling = np.array([i for i, s in enumerate(scheduled) if s.samples], dtype=np.int64)
-        return layout, input_ids, sampling
+        return layout, input_ids
+
+
+Banned = Callable[[Request, int], tuple[int, ...]]
+
+
+def sample_rows(scheduled: list[ScheduledRequest], banned: Banned | None) -> list[SampleRow]:
+    """One SampleRow per sampling row: a verifying decode's row j as output position num_output + j, its
+    drafts before j counted as its outputs (penalties) and its bans those of that position."""
+    rows = []
+    for s in scheduled:
+        if not s.samples:
+            continue
+        r = s.request
+        for j in range(s.num_drafts + 1):
+            output = r.output_token_ids + r.draft_token_ids[:j] if j else r.output_token_ids
+            rows.append(SampleRow(r.request_id, r.params, banned(r, j) if banned else (), r.prompt_token_ids,
+                                  output, r.num_output_tokens + j))
+    return rows
+
+
+def verified(scheduled: list[ScheduledRequest], sampled: list[int], logprobs: list[TokenLogprob | None]
+             ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]], dict[str, int]]:
+    """Each sampling request's new tokens (engine/speculation/verification.py), their logprobs where asked,
+    and for verifying decodes the drafted tokens kept."""
+    tokens, found, kept = {}, {}, {}
+    i = 0
+    for s in scheduled:
+        if not s.samples:
+            continue
+        rid, n = s.request.request_id, s.num_drafts + 1
+        row_tokens, row_logprobs = sampled[i:i + n], logprobs[i:i + n]
+        i += n
+        if s.num_drafts:
+            kept[rid] = kept_drafts(s.request.draft_token_ids, row_tokens)
+            n = kept[rid] + 1
+        tokens[rid] = row_tokens[:n]
+        if row_logprobs[0] is not None:
+            found[rid] = row_logprobs[:n]
+    return tokens, found, kept
 
 
 def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device,

@@ -58,6 +58,9 @@ class StepRecord:
     grammar_rows: int = 0             # sampled rows held to a grammar (their masks filled during the forward)
     mask_s: float = 0.0               # time filling those masks
     forced_tokens: int = 0            # tokens the grammars forced this step (jump-forward), emitted unsampled
+    draft_tokens: int = 0             # drafted tokens verified (speculative decoding), among num_decode_tokens
+    kept_draft_tokens: int = 0        # ... of them accepted
+    draft_seqs: int = 0               # decodes that verified drafts
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,15 @@ class GrammarStep:
     rows: int = 0
     mask_s: float = 0.0
     forced_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """A step's speculative-decoding facts, for its StepRecord."""
+
+    drafted: int = 0
+    kept: int = 0
+    seqs: int = 0
 
 
 @dataclass(frozen=True)

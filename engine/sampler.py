@@ -9,8 +9,9 @@
    the logits after steps 1-2 (`"processed"`), before temperature and truncation either way;
 4. temperature, then top-k, top-p and min-p;
 5. the draw: greedy rows take one vectorised argmax; sampled rows draw with the exponential-race trick
-   (argmax of p / E, E ~ Exp(1)), so a seeded request needs only its own noise vector from its own
-   generator, one draw per token it emits: its tokens do not depend on how the step was shaped.
+   (argmax of p / E, E ~ Exp(1)); a seeded request's noise for its output position i comes from a
+   generator seeded by (seed, i), so its tokens depend neither on how the step was shaped nor on how
+   many drafted positions a step verified (engine/speculation/verification.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class SampleRow:
     banned: tuple[int, ...] = ()
     prompt_ids: Sequence[int] = ()
     output_ids: Sequence[int] = ()
+    position: int = 0           # the output position this row draws (keys a seeded request's noise)
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,6 @@ class Sampler:
         self._generator = torch.Generator(device=self.device)
         if seed is not None:
             self._generator.manual_seed(seed)
-        self._request_generators: dict[str, torch.Generator] = {}
-
-    def forget(self, request_id: str) -> None:
-        self._request_generators.pop(request_id, None)
 
     def sample(self, logits: torch.Tensor, rows: list[SampleRow], masks: FilledMasks | None = None) -> SampledTokens:
         """logits: [rows, vocab] float32 on the sampler's device, changed in place; `masks`: the grammar
@@ -123,17 +121,23 @@ class Sampler:
         probs = torch.softmax(logits, dim=-1)
         if any(p.min_p > 0 for p in params):
             probs = _min_p(probs, torch.tensor([p.min_p for p in params], device=device))
-        noise = torch.stack([self._noise(r.request_id, r.params, probs.shape[1]) for r in rows])
+        noise = torch.stack([self._noise(r.params.seed, r.position, probs.shape[1]) for r in rows])
         return (probs / noise).argmax(dim=-1)
 
-    def _noise(self, request_id: str, params: SamplingParams, size: int) -> torch.Tensor:
+    def _noise(self, seed: int | None, position: int, size: int) -> torch.Tensor:
         generator = self._generator
-        if params.seed is not None:
-            generator = self._request_generators.get(request_id)
-            if generator is None:
-                generator = torch.Generator(device=self.device).manual_seed(params.seed)
-                self._request_generators[request_id] = generator
+        if seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(position_seed(seed, position))
         return torch.empty(size, device=self.device).exponential_(generator=generator)
+
+
+def position_seed(seed: int, position: int) -> int:
+    """A generator seed for a request's draw at output `position` (splitmix64 of both: neighbouring seeds
+    and positions give unrelated streams)."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFF
 
 
 def apply_bias_and_penalties(logits: torch.Tensor, shaping: list[int], rows: list[SampleRow]) -> None:

@@ -108,6 +108,22 @@ class StepTime:
         self.pairs += self.attended_pairs(n, c)
         self.seqs += 1
 
+    def with_draft(self, seq: SequenceState, j: int) -> float:
+        """The step's predicted time if decode `seq` also verifies its j-th drafted token: one more
+        decode-shaped row, at context c + j (policies/draft_lengths.py)."""
+        c = seq.num_computed_tokens + j
+        return self.cost.predict_counts(self.prefill, self.decode + 1, self.sampled + 1,
+                                        self.context + self.context_tokens(1, c),
+                                        self.pairs + self.attended_pairs(1, c), self.seqs + 1) + self.grammar_s
+
+    def add_draft(self, seq: SequenceState, j: int) -> None:
+        c = seq.num_computed_tokens + j
+        self.decode += 1
+        self.sampled += 1
+        self.context += self.context_tokens(1, c)
+        self.pairs += self.attended_pairs(1, c)
+        self.seqs += 1
+
     def _chunk_grammar_s(self, seq: SequenceState, n: int, c: int) -> float:
         """A chunk that reaches a constrained request's last token samples one masked row."""
         return self.grammar_row_s if seq.grammar is not None and c + n == seq.num_tokens else 0.0

@@ -56,6 +56,15 @@ KNOB_SPECS: dict[str, KnobSpec] = {
                              "steps may spend on prompts whose TTFT is at risk (deadline policy)"),
     "admission_slack": KnobSpec(float, 0, 4, help="refuse (429) a request whose predicted TTFT exceeds this many "
                                 "times its class's TTFT target; 0 = admit everything the queue bound allows"),
+    "speculative_tokens": KnobSpec(int, 0, 16, help="most drafted tokens one decode verifies in a step "
+                                   "(speculative decoding); 0 = none"),
+    "speculative_mode": KnobSpec(str, choices=("adaptive", "fixed"), help="adaptive: each step drafts only the "
+                                 "rows that raise expected tokens per second within the TBT slack; fixed: every "
+                                 "decode verifies all its drafter offers"),
+    "acceptance_prior": KnobSpec(float, 0, 1, help="chance a drafted token is kept, assumed before any "
+                                 "verification has been seen"),
+    "acceptance_decay": KnobSpec(float, 0, 0.99, help="weight a past verification keeps per new one in the "
+                                 "acceptance estimates"),
     "queue_order": KnobSpec(str, choices=("fcfs", "spf"), help="waiting queue order: first come first served, "
                             "or shortest prompt first"),
 }
@@ -77,6 +86,10 @@ class Knobs:
     error_budget: float = 0.5
     ttft_pace: float = 0.0
     admission_slack: float = 0.0     # the daemon serves with 1.0 (serving/settings.py: DAEMON_KNOBS)
+    speculative_tokens: int = 0
+    speculative_mode: str = "adaptive"
+    acceptance_prior: float = 0.5
+    acceptance_decay: float = 0.9
     version: int = 0
 
     def __post_init__(self) -> None:

@@ -67,7 +67,7 @@ class StepShape:
     def of_schedule(result: ScheduleResult) -> StepShape:
         decodes = result.num_decode_tokens
         return StepShape(result.num_tokens - decodes, decodes, result.num_sampled, result.context_tokens,
-                         result.attended_pairs, len(result.scheduled), result.num_grammar_rows)
+                         result.attended_pairs, result.num_rows or len(result.scheduled), result.num_grammar_rows)
 
     def features(self) -> tuple[float, ...]:
         tokens = self.num_prefill_tokens + self.num_decode_tokens

@@ -18,10 +18,12 @@ from typing import Protocol
 from engine.kv_cache.block_manager import BLOCK_SIZE, BlockManager
 from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
 from simulation.cost_model import CostModel
+from simulation.speculation_model import SimulatedDrafter, SpeculationModel
+from engine.speculation.speculator import Speculator
 from simulation.step_scatter import DEADLINE_QUANTILE, StepScatter, factor_at
 from engine.llm_engine import request_record, step_record
 from engine.model_runner import StepTiming
-from engine.outputs import GrammarStep, RequestRecord, StepRecord
+from engine.outputs import DraftStep, GrammarStep, RequestRecord, StepRecord
 from engine.scheduling.request import FinishReason, Request
 from engine.sampling_params import SamplingParams
 from engine.scheduling.scheduler import ScheduleResult, Scheduler
@@ -61,7 +63,7 @@ class EngineLoad:
 class Simulator:
     def __init__(self, cost: CostModel, num_blocks: int, block_size: int = BLOCK_SIZE, policy: str = DEFAULT_POLICY,
                  knobs: Knobs | None = None, coast: bool = True, slo_classes: SloClasses | None = None,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, speculation: SpeculationModel | None = None) -> None:
         self.cost = cost
         self.slo_classes = slo_classes or shipped_slo_classes()
         # a cost model of an engine with sliding-window layers (CostModel.kv_groups, step_shape): the same pool of
@@ -80,6 +82,10 @@ class Simulator:
         # live scheduler prices at (simulation.live_cost_model), so some slack-filled steps overrun, as live
         self.scheduler.cost = cost.scaled(factor_at(cost.step_scatter, DEADLINE_QUANTILE)) if self.scatter else cost
         self.scheduler.arrival_guard_s = self.slo_classes.arrival_guard_s()
+        # speculative decoding (simulation/speculation_model.py): the real speculator over a stand-in drafter
+        self.drafter = SimulatedDrafter(speculation) if speculation is not None else None
+        if self.drafter is not None:
+            self.scheduler.speculator = Speculator(self.drafter)
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self.finish_listeners: list[Callable[[RequestRecord], None]] = []
         self.arrival_listeners: list[Callable[[Request], None]] = []
@@ -183,19 +189,22 @@ class Simulator:
         decodes = result.num_decode_tokens      # StepShape.of_schedule(result), without the object
         masks_s = getattr(self.cost, "grammar_row_s", 0.0) * result.num_grammar_rows
         duration = self.cost.predict_counts(result.num_tokens - decodes, decodes, result.num_sampled,
-                                            result.context_tokens, result.attended_pairs, len(result.scheduled)) \
-            + masks_s
+                                            result.context_tokens, result.attended_pairs,
+                                            result.num_rows or len(result.scheduled)) + masks_s
         if self.scatter:
             duration *= self.scatter.factor()
         self.now += duration
-        self.scheduler.commit(result)
+        kept = {s.request.request_id: self.drafter.kept(s.num_drafts) for s in result.scheduled if s.num_drafts} \
+            if result.num_draft_tokens else {}
+        self.scheduler.commit(result, kept)
         gaps: list[float] | None = [] if self.step_listeners else None
-        num_sampled, num_finished = self._emit_tokens(result, gaps)
+        num_sampled, num_finished = self._emit_tokens(result, gaps, kept)
         record = None
         if self.step_listeners:           # a record only for someone who reads it
             record = step_record(self.num_steps, result, self.scheduler, num_sampled, start, duration, 0.0,
                                  StepTiming(0.0, duration, 0.0, masks_s), tuple(gaps),
-                                 GrammarStep(result.num_grammar_rows, masks_s))
+                                 GrammarStep(result.num_grammar_rows, masks_s),
+                                 DraftStep(result.num_draft_tokens, sum(kept.values()), len(kept)))
         self.num_steps += 1
         for listener in self.step_listeners:
             listener(record)
@@ -306,15 +315,17 @@ class Simulator:
         for listener in self.finish_listeners:
             listener(record)
 
-    def _emit_tokens(self, result: ScheduleResult, gaps: list[float] | None) -> tuple[int, int]:
+    def _emit_tokens(self, result: ScheduleResult, gaps: list[float] | None,
+                     kept: dict[str, int]) -> tuple[int, int]:
         """A token for each request whose chunk reached its last known token (ScheduledRequest.samples),
-        its gap since the previous one counted in the error budget first (ErrorBudget.observe) and
-        added to `gaps` if given; those at max_tokens finish. Returns how many sampled and how many
-        finished. One fused pass: it runs for every request, every step."""
+        and after verified drafts the `kept` ones before it, in one emission: its gap since the previous
+        one counted in the error budget first (ErrorBudget.observe) and added to `gaps` if given; those at
+        max_tokens finish. Returns how many sampled and how many finished. One fused pass: it runs for
+        every request, every step."""
         now, tolerated, long, sampled, finished = self.now, 0.0, 0, 0, 0
-        for request, n, c in result.scheduled:
+        for request, n, c, drafts in result.scheduled:
             outputs = request.output_token_ids
-            if c + n != request.num_prompt_tokens + len(outputs):
+            if c + n - drafts != request.num_prompt_tokens + len(outputs):
                 continue
             sampled += 1
             timings = request.timings
@@ -330,7 +341,7 @@ class Simulator:
             elif timings.first_token is None:
                 timings.first_token = now
                 self.scheduler.admission.observe(request, now)
-            outputs.append(0)
+            outputs.extend([0] * (1 + kept[request.request_id]) if drafts else (0,))
             times.append(now)
             if len(outputs) >= request.max_tokens:
                 finished += 1

@@ -115,6 +115,20 @@ class BlockManager:
                 request.group_pages -= len(passed)
         request.slid_blocks = first
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Give back the blocks past those holding the request's first `num_tokens` tokens (the KV of drafted
+        tokens its verification rejected)."""
+        keep = self.blocks_for(num_tokens)
+        if len(request.block_table) > keep:
+            self.free(request.block_table[keep:])
+            del request.block_table[keep:]
+        for table in request.group_tables:
+            if len(table) > keep:
+                tail = [page for page in table[keep:] if page != NULL_PAGE]
+                self.free(tail)
+                del table[keep:]
+                request.group_pages -= len(tail)
+
     def release(self, request: Request) -> None:
         """Every block of the request back to the pool."""
         self.free(request.block_table)

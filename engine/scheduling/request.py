@@ -77,6 +77,8 @@ class Request:
     follows: str | None = None                   # a fork of this request: admitted once its prompt is in the KV
     grammar: GrammarState | None = None          # constrained decoding (engine/structured/): its grammar's state
     predicted_ttft_s: float | None = None        # admission's prediction when it was admitted (admission.py)
+    # speculative decoding (engine/speculation/): the drafted tokens this step verifies after its last known one
+    draft_token_ids: list[int] = field(default_factory=list)
     cache: PrefixState = field(init=False)
     scores_prompt: bool = field(init=False)      # prompt logprobs: every prompt position computed and scored
 
@@ -125,7 +127,8 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of its prompt, its outputs and, past them, this step's drafted tokens."""
         p = len(self.prompt_token_ids)
         if end <= p:
             return self.prompt_token_ids[start:end]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+        return (self.prompt_token_ids + self.output_token_ids + self.draft_token_ids)[start:end]

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from engine.kv_cache.block_manager import BlockManager
+from engine.kv_cache.block_manager import BlockManager, OutOfBlocksError
 from engine.scheduling.admission import AdmissionControl
 from engine.scheduling.error_budget import ErrorBudget
 from engine.scheduling.request import FinishReason, Request, RequestStatus
+from engine.speculation.speculator import Speculator
 from policies import DEFAULT_POLICY, BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
 from policies.step_shape import WindowedShape, head_rows, samples, shape_functions
@@ -28,17 +29,20 @@ from policies.view import StepCost, is_decode_work
 
 class ScheduledRequest(NamedTuple):   # a named tuple: made for every request every step, cheaper than a frozen dataclass
     request: Request
-    num_tokens: int
+    num_tokens: int         # drafted tokens included
     context_len: int        # tokens already cached before this step
+    num_drafts: int = 0     # a decode verifying this many drafted tokens (request.draft_token_ids): num_tokens - 1
 
     @property
     def samples(self) -> bool:
-        """This chunk reaches the last known token, so the step yields a new token for it."""
-        return samples(self.num_tokens, self.context_len, self.request.num_tokens)
+        """This chunk reaches the last known token, so the step yields a new token (or, verifying drafts,
+        one to 1 + num_drafts of them) for it."""
+        return samples(self.num_tokens - self.num_drafts, self.context_len, self.request.num_tokens)
 
     @property
     def is_decode(self) -> bool:
-        return is_decode_work(self.num_tokens, self.context_len, self.request.num_prompt_tokens)
+        """A decode, verifying drafts or not: it runs as 1 + num_drafts decode-shaped rows."""
+        return is_decode_work(self.num_tokens - self.num_drafts, self.context_len, self.request.num_prompt_tokens)
 
 
 class CacheStep(NamedTuple):
@@ -69,6 +73,8 @@ class ScheduleResult:
                                         # token) plus prompt positions scored for prompt logprobs (head_rows)
     cache: CacheStep = NO_CACHE_STEP
     num_grammar_rows: int = 0           # sampled rows held to a grammar (each priced with its mask's time)
+    num_draft_tokens: int = 0           # drafted tokens verified: each one more decode-shaped row (in num_decode_tokens)
+    num_rows: int = 0                   # sequences of the step's layout: a verifying decode counts 1 + its drafts
 
     @staticmethod
     def of(scheduled: list[ScheduledRequest], num_preempted: int, knobs: Knobs, policy: str,
@@ -77,21 +83,33 @@ class ScheduleResult:
         (policies.step_shape per request). One pass, `num_tokens` read off the fields: it runs for
         every request every step."""
         decodes, others = [], []
-        tokens = context = pairs = sampled = grammar_rows = 0
+        tokens = context = pairs = sampled = grammar_rows = drafts = decode_rows = 0
         context_tokens, attended_pairs = shape_functions(shape)
         for s in scheduled:
-            n, c, request = s.num_tokens, s.context_len, s.request
-            num_prompt = request.num_prompt_tokens
-            (decodes if is_decode_work(n, c, num_prompt) else others).append(s)
+            n, c, request, d = s.num_tokens, s.context_len, s.request, s.num_drafts
             tokens += n
+            if d:        # a decode verifying d drafts: d + 1 decode rows at contexts c .. c + d
+                decodes.append(s)
+                drafts += d
+                decode_rows += d + 1
+                for j in range(d + 1):
+                    context += context_tokens(1, c + j)
+                    pairs += attended_pairs(1, c + j)
+                sampled += d + 1
+                continue
+            if is_decode_work(n, c, request.num_prompt_tokens):
+                decodes.append(s)
+                decode_rows += 1
+            else:
+                others.append(s)
             context += context_tokens(n, c)
             pairs += attended_pairs(n, c)
             sampled += head_rows(n, c, request)
             if request.grammar is not None and samples(n, c, request.num_tokens):
                 grammar_rows += 1
         scheduled[:] = decodes + others
-        return ScheduleResult(scheduled, num_preempted, knobs, policy, len(decodes), tokens, context, pairs, sampled,
-                              cache or NO_CACHE_STEP, grammar_rows)
+        return ScheduleResult(scheduled, num_preempted, knobs, policy, decode_rows, tokens, context, pairs, sampled,
+                              cache or NO_CACHE_STEP, grammar_rows, drafts, decode_rows + len(others))
 
 
 class Scheduler:
@@ -113,6 +131,7 @@ class Scheduler:
         self.error_budget = ErrorBudget()      # the engine and the simulator report each step's gaps
         self.arrival_guard_s = math.inf        # SloClasses.arrival_guard_s() of the classes requests may name
         self.admission = AdmissionControl()    # predicted-TTFT admission and the late rule (admission.py)
+        self.speculator: Speculator | None = None   # drafts for decodes (engine/speculation/); None: never drafts
 
     # -- changes from other threads, applied at the next step boundary --
     def set_knobs(self, knobs: Knobs) -> None:
@@ -165,6 +184,8 @@ class Scheduler:
             self.waiting.remove(request)
         self._release(request)
         del self._by_id[request.request_id]
+        if self.speculator is not None:
+            self.speculator.forget(request.request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.timings.finished = self.clock()
@@ -200,8 +221,36 @@ class Scheduler:
             if context + num_tokens > len(request.block_table) * block_size:   # most steps need no block:
                 grow(request, context + num_tokens)                            # skip the call (every request, every step)
             scheduled.append(ScheduledRequest(request, num_tokens, context))
+        if self.speculator is not None and self.knobs.speculative_tokens > 0:
+            scheduled = self._with_drafts(scheduled, view, plan.num_tokens)
         cache = self._cache_step(before) if caching else None
         return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name, cache, self.shape)
+
+    def _with_drafts(self, scheduled: list[ScheduledRequest], view: SchedulerView,
+                     planned_tokens: int) -> list[ScheduledRequest]:
+        """The planned step with the speculator's drafts on its decodes, each as far as free blocks hold it."""
+        decodes = [s.request for s in scheduled if s.is_decode]
+        chunks = [(s.request, s.num_tokens) for s in scheduled if not s.is_decode]
+        drafts = self.speculator.drafts(decodes, chunks, view, self.knobs, self.knobs.token_budget - planned_tokens)
+        if not drafts:
+            return scheduled
+        block_size, extended = self.blocks.block_size, []
+        for s in scheduled:
+            tokens = drafts.get(s.request.request_id)
+            if tokens:
+                request, context = s.request, s.context_len
+                room = (len(request.block_table) + self.blocks.num_free_blocks) * block_size - context - 1
+                tokens = tokens[:max(0, room)] if self.blocks.groups is None else tokens
+                try:
+                    self.blocks.grow_request(request, context + 1 + len(tokens))
+                except OutOfBlocksError:     # a layer group ran out part-way: give back what it took
+                    self.blocks.trim(request, context + 1)
+                    tokens = []
+                if tokens:
+                    request.draft_token_ids = tokens
+                    s = ScheduledRequest(request, 1 + len(tokens), context, len(tokens))
+            extended.append(s)
+        return extended
 
     def _exclusive_blocks(self, request: Request) -> int:
         return self.blocks.exclusive_blocks(request)
@@ -251,10 +300,19 @@ class Scheduler:
             if request.timings.first_scheduled is None:
                 request.timings.first_scheduled = self.clock()
 
-    def commit(self, result: ScheduleResult) -> None:
-        """The step ran: its tokens are now in the KV cache."""
-        for request, num_tokens, context_len in result.scheduled:
-            request.num_computed_tokens = context_len + num_tokens
+    def commit(self, result: ScheduleResult, accepted: dict[str, int] | None = None) -> None:
+        """The step ran: its tokens are now in the KV cache. `accepted`: for each decode that verified drafts,
+        how many of them were kept; the KV of the rest is rolled back (positions past them are not computed,
+        their blocks freed), and the request's drafts cleared."""
+        for request, num_tokens, context_len, num_drafts in result.scheduled:
+            if num_drafts:
+                kept = (accepted or {}).get(request.request_id, 0)
+                request.num_computed_tokens = context_len + 1 + kept
+                self.blocks.trim(request, request.num_computed_tokens)
+                if self.speculator is not None:
+                    self.speculator.observe(request.request_id, num_drafts, kept, result.knobs)
+            else:
+                request.num_computed_tokens = context_len + num_tokens
         if self.blocks.caching:
             register = self.blocks.register
             for s in result.scheduled:
@@ -263,3 +321,6 @@ class Scheduler:
             slide = self.blocks.slide
             for s in result.scheduled:
                 slide(s.request)
+        if result.num_draft_tokens:          # after registering: the kept drafts are tokens of the cached blocks
+            for s in result.scheduled:
+                s.request.draft_token_ids = []
