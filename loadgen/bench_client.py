@@ -158,9 +158,22 @@ def resolve_model_name(options: BenchOptions) -> str:
 
 def make_prompts(specs: list[RequestSpec], source: PromptSource, text: bool) -> list[str | list[int]]:
     """Built before the run so tokenizing never delays a send. Requests of one prefix group start
-    with the same tokens (text), so a server with prefix caching can reuse them."""
-    ids = [source.prompt_ids(s.prompt_tokens, s.prefix_group, s.prefix_tokens) for s in specs]
-    return [source.tokenizer.decode(i) for i in ids] if text else ids
+    with the same tokens (text), so a server with prefix caching can reuse them. A request with its
+    own message (code-editing) sends that."""
+    prompts: list[str | list[int]] = []
+    for s in specs:
+        if s.message is not None:
+            prompts.append(s.message)
+            continue
+        ids = source.prompt_ids(s.prompt_tokens, s.prefix_group, s.prefix_tokens)
+        prompts.append(source.tokenizer.decode(ids) if text else ids)
+    return prompts
+
+
+def request_endpoint(spec: RequestSpec, options: BenchOptions) -> str:
+    """A request with its own message is a chat request whatever the run's endpoint: the message is
+    written for a chat model, and the server's chat template makes its prompt."""
+    return "chat" if spec.message is not None else options.endpoint
 
 
 def run_bench(specs: list[RequestSpec], prompts: list[str | list[int]], options: BenchOptions, slo: SloClass,
@@ -178,9 +191,10 @@ async def _run(specs: list[RequestSpec], prompts: list[str | list[int]], options
     async with httpx.AsyncClient(base_url=options.root, headers=options.headers, limits=limits,
                                  timeout=timeout) as client:
         start = time.monotonic()
-        tasks = [asyncio.create_task(send_at(client, start, r, request_body(prompt, r.spec, model, options.endpoint),
-                                             ENDPOINTS[options.endpoint], bar))
-                 for r, prompt in zip(results, prompts)]
+        endpoints = [request_endpoint(r.spec, options) for r in results]
+        tasks = [asyncio.create_task(send_at(client, start, r, request_body(prompt, r.spec, model, endpoint),
+                                             ENDPOINTS[endpoint], bar))
+                 for r, prompt, endpoint in zip(results, prompts, endpoints)]
         _, pending = await asyncio.wait(tasks, timeout=options.max_duration_s) if tasks else (set(), set())
         for task in pending:     # closing the stream makes the server abort the request
             task.cancel()

@@ -18,7 +18,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import yaml
@@ -38,6 +38,8 @@ class RequestSpec:
     prefix_group: str | None = None  # its first prefix_tokens are the first tokens of this group's shared text
     prefix_tokens: int = 0           # (a system prompt, or a conversation's history); the rest is its own
     constrained: bool = False        # its output is held to a grammar (a JSON schema: each row costs a mask)
+    message: str | None = None       # its own prompt, one chat user message (code-editing) of prompt_tokens
+                                     # in the prompt tokenizer's template; None: running text of prompt_tokens
 
 
 # ---- arrival processes -------------------------------------------------------------------------
@@ -159,6 +161,27 @@ class Lengths(Protocol):
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
+@runtime_checkable
+class MessageLengths(Lengths, Protocol):
+    """Lengths whose requests carry their own prompt (loadgen.code_editing): the lengths are the messages'."""
+
+    def sample_messages(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, list[str]]: ...
+
+
+def sample_lengths(lengths: Lengths, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+    """(prompt lengths, output lengths, messages): None messages where the lengths have no text of their own."""
+    if isinstance(lengths, MessageLengths):
+        return lengths.sample_messages(rng, n)
+    prompts, outputs = lengths.sample(rng, n)
+    return prompts, outputs, [None] * n
+
+
+def _check_sharing(lengths: Lengths, sharing: Sharing | None) -> None:
+    """A request with its own message has no shared prefix to put before it."""
+    if sharing is not None and isinstance(lengths, MessageLengths):
+        raise ValueError("code-editing lengths carry their own prompts: they take no sharing")
+
+
 # What the project targets: chat ~200-token prompts and ~115-token answers; summarization long
 # prompts (1k-4k) with ~100-token summaries, which shifts the load from decode to prefill.
 CHAT = Independent(LogNormal(200, 0.7, 16, 1024), LogNormal(115, 0.6, 8, 512))
@@ -260,6 +283,7 @@ class Stream:
     def __post_init__(self) -> None:
         if not self.rate > 0:
             raise ValueError(f"stream {self.name!r}: rate must be > 0, got {self.rate}")
+        _check_sharing(self.lengths, self.sharing)
 
 
 @dataclass(frozen=True)
@@ -287,6 +311,8 @@ class Phase:
             raise ValueError(f"phase {self.name!r}: requests must be >= 1, got {self.requests}")
         if not self.rate > 0:
             raise ValueError(f"phase {self.name!r}: rate must be > 0, got {self.rate}")
+        if not self.streams:
+            _check_sharing(self.lengths, self.sharing)
 
     @property
     def weight(self) -> float:
@@ -351,9 +377,10 @@ def generate(workload: Workload, qps: float | None = None, num_requests: int | N
             times = _arrivals_count([s.arrival for _, s in streams], arrival_rngs, rates, n)
             end = start + max((float(t[-1]) for t in times if len(t)), default=0.0)
         for k, ((label, stream), t, g) in enumerate(zip(streams, times, length_rngs)):
-            prompts, outputs = stream.lengths.sample(g, len(t))
+            prompts, outputs, messages = sample_lengths(stream.lengths, g, len(t))
             own = [RequestSpec(start + float(a), int(p), int(o), label, stream.slo_class,
-                               constrained=stream.constrained) for a, p, o in zip(t, prompts, outputs)]
+                               constrained=stream.constrained, message=m)
+                   for a, p, o, m in zip(t, prompts, outputs, messages)]
             if stream.sharing is not None:   # its own seeded stream: lengths and arrivals stay as without it
                 own = stream.sharing.apply(label, own, np.random.default_rng(keys[k] + [2]))
             specs += own
@@ -525,16 +552,20 @@ def _parse_arrival(data: Any) -> ArrivalProcess:
                           float(data.get("from", 1.0)), float(data.get("to", 1.0)))
 
 
-LENGTH_KINDS = ("chat", "summarization", "uniform", "fixed", "lognormal", "trace")
+LENGTH_KINDS = ("chat", "summarization", "uniform", "fixed", "lognormal", "trace", "code-editing")
 
 
 def _parse_lengths(data: Any, base_dir: str) -> Lengths:
     if isinstance(data, str):
         data = {"kind": data}
-    data = _mapping(data, "lengths", {"kind", "prompt", "output", "path", "order"})
+    data = _mapping(data, "lengths", {"kind", "prompt", "output", "path", "order", "functions", "seed"})
     kind = data.get("kind")
     if kind in NAMED_LENGTHS:
         return NAMED_LENGTHS[kind]
+    if kind == "code-editing":
+        return _parse_code_editing(data)
+    if "functions" in data or "seed" in data:
+        raise ValueError(f"functions and seed are code-editing's, not {kind}'s")
     if kind == "trace":
         order = data.get("order", "sample")
         if order not in ("sample", "replay"):
@@ -547,6 +578,16 @@ def _parse_lengths(data: Any, base_dir: str) -> Lengths:
     if "prompt" not in data or "output" not in data:
         raise ValueError(f"{kind} lengths need prompt and output")
     return Independent(_token_dist(kind, data["prompt"], "prompt"), _token_dist(kind, data["output"], "output"))
+
+
+def _parse_code_editing(data: Mapping[str, Any]) -> Lengths:
+    """{kind: code-editing, functions: N, seed: S}: N stdlib functions (a fixed draw by S), their own lengths."""
+    from loadgen.code_editing import code_editing_lengths
+
+    extra = set(data) - {"kind", "functions", "seed"}
+    if extra:
+        raise ValueError(f"code-editing lengths take functions and seed, not {sorted(extra)[0]!r}")
+    return code_editing_lengths(int(data.get("functions", 200)), int(data.get("seed", 0)))
 
 
 def _token_dist(kind: str, value: Any, what: str) -> TokenDist:
