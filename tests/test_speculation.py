@@ -1,0 +1,292 @@
+"""Speculative decoding: the drafter, the priced choice of lengths, verification that keeps outputs exact
+(greedy tokens, seeded samples, the sampled distribution), and the KV of rejected drafts given back."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy.stats import chisquare
+
+from engine.kv_cache.kv_groups import KvGroups
+from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
+from engine.sampling_params import SamplingParams
+from engine.scheduling.request import FinishReason, Request
+from engine.scheduling.scheduler import ScheduledRequest, Scheduler
+from engine.speculation.acceptance import AcceptanceTracker
+from engine.speculation.ngram_drafter import NgramDrafter, NgramIndex, Tokens
+from engine.speculation.speculator import Speculator
+from engine.speculation.verification import kept_drafts, layout_rows
+from policies import Knobs
+from policies.deadline import StepTime
+from policies.draft_lengths import DraftOffer, priced_lengths
+from simulation.cost_model import CostModel
+from tests.conftest import assert_no_kv_leak, make_engine
+from tests.test_prefix_cache import ACTIONS, check_pool
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [10, 11, 12, 13, 14, 10, 11, 12],
+           list(range(20, 29)) + [20, 21], list(range(30, 60)) + list(range(30, 40))]
+
+
+# -- the drafter --
+
+def test_prompt_lookup_drafts_what_followed_the_latest_earlier_occurrence_of_the_longest_suffix():
+    drafter = NgramDrafter(min_n=2, max_n=3)
+    prompt = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8]
+    assert drafter.propose("a", prompt, [1, 2, 3], 4) == [4, 5, 9, 2]     # 3-gram 1 2 3 beats 2-gram 2 3's later 7
+    assert drafter.propose("b", prompt, [9, 2, 3], 2) == [7, 8]            # the latest occurrence of 9 2 3
+    assert drafter.propose("c", [1, 2, 3], [4], 4) == []                   # no earlier 2-gram ends in 3 4
+    assert drafter.propose("d", [4, 4, 4, 4, 4], [], 0) == []
+
+
+def test_the_incremental_index_equals_one_built_from_scratch():
+    rng = random.Random(0)
+    tokens = [rng.randrange(6) for _ in range(300)]
+    grown, proposals = NgramIndex(2, 4), []
+    for end in range(1, len(tokens)):
+        proposals.append(grown.propose(Tokens(tokens[:5], tokens[5:end]) if end > 5 else Tokens(tokens[:end], []), 3))
+    for end in range(1, len(tokens)):
+        fresh = NgramIndex(2, 4).propose(Tokens(tokens[:end], []), 3)
+        assert proposals[end - 1] == fresh, end
+
+
+# -- the acceptance estimate --
+
+def test_acceptance_moves_from_the_prior_to_what_verification_keeps_and_new_requests_start_from_it():
+    tracker = AcceptanceTracker()
+    assert tracker.rate("a", 0.5) == pytest.approx(0.5)
+    for _ in range(30):
+        tracker.observe("a", 4, 0, decay=0.9)     # every draft rejected at once
+    assert tracker.rate("a", 0.5) < 0.1
+    assert tracker.rate("new", 0.5) < 0.3         # a new request starts from the engine's recent acceptance
+    for _ in range(30):
+        tracker.observe("b", 4, 4, decay=0.9)
+    assert tracker.rate("b", 0.5) > 0.9
+
+
+# -- the choice of lengths --
+
+def decode_cost() -> CostModel:
+    """20 ms a step plus 1 ms a row: rows are cheap beside the step's fixed cost (a CPU decode step)."""
+    return CostModel((0.020, 0.001, 0.0, 0.0, 0.0, 0.0, 0.0))
+
+
+def decode_request(rid: str, last_token: float, tbt: float = 0.1) -> Request:
+    r = Request(rid, list(range(20)), SamplingParams(max_tokens=64), 0.0)
+    r.output_token_ids = [1]
+    r.num_computed_tokens = 20
+    r.timings.token_times.append(last_token)
+    r.tbt_target_s = tbt
+    return r
+
+
+def test_drafts_are_added_while_they_raise_expected_tokens_per_second():
+    seq = decode_request("a", last_token=0.0)
+    time = StepTime(decode_cost())
+    time.add_decodes([seq], now=0.0)
+    likely = priced_lengths([DraftOffer(seq, 8, 0.9)], time, target=1.0, emitting=1, tokens_left=64)
+    assert likely == {"a": 8}
+    time = StepTime(decode_cost())
+    time.add_decodes([seq], now=0.0)
+    # a row costs 1 ms of a 21 ms step: a draft kept with chance below ~1/21 does not pay for it
+    assert priced_lengths([DraftOffer(seq, 8, 0.03)], time, target=1.0, emitting=1, tokens_left=64) == {}
+
+
+def test_no_request_drafts_when_the_tbt_slack_cannot_pay_for_a_row():
+    seq = decode_request("a", last_token=0.0, tbt=0.1)
+    time = StepTime(decode_cost())
+    slack = time.add_decodes([seq], now=0.0795)    # 20.5 ms left of its 100 ms target
+    assert priced_lengths([DraftOffer(seq, 8, 0.99)], time, target=slack, emitting=1, tokens_left=64) == {}
+    time = StepTime(decode_cost())
+    slack = time.add_decodes([seq], now=0.0770)    # 23 ms left: two rows fit
+    assert priced_lengths([DraftOffer(seq, 8, 0.99)], time, target=slack, emitting=1, tokens_left=64) == {"a": 2}
+
+
+def test_the_likeliest_drafts_get_the_rows_first_and_the_budget_caps_them():
+    a, b = decode_request("a", 0.0), decode_request("b", 0.0)
+    time = StepTime(decode_cost())
+    time.add_decodes([a, b], now=0.0)
+    chosen = priced_lengths([DraftOffer(a, 8, 0.95), DraftOffer(b, 8, 0.3)], time, target=1.0, emitting=2,
+                            tokens_left=6)
+    assert sum(chosen.values()) == 6 and chosen["a"] > chosen.get("b", 0)
+
+
+def test_adaptive_speculation_drafts_nothing_without_a_step_time_model():
+    seq = decode_request("a", 0.0)
+    seq.prompt_token_ids = [1, 2, 3, 1, 2]
+    seq.num_prompt_tokens = 5
+    view = type("View", (), {"cost": None})()
+    knobs = Knobs(speculative_tokens=4)
+    assert Speculator().drafts([seq], [], view, knobs, 64) == {}
+
+
+# -- verification --
+
+def test_layout_rows_lay_a_verifying_decode_out_as_decode_rows_of_the_same_sequence():
+    r = Request("a", [1, 2, 3], SamplingParams(), 0.0)
+    r.output_token_ids, r.num_computed_tokens, r.draft_token_ids = [4], 3, [5, 6]
+    p = Request("p", [1] * 8, SamplingParams(), 0.0)
+    rows, sampling = layout_rows([ScheduledRequest(r, 3, 3, 2), ScheduledRequest(p, 4, 0)])
+    assert [(s.request.request_id, s.num_tokens, s.context_len) for s in rows] == [("a", 1, 3), ("a", 1, 4),
+                                                                                    ("a", 1, 5), ("p", 4, 0)]
+    assert sampling == [0, 1, 2]
+    assert [r.token_ids(c, c + 1)[0] for c in (3, 4, 5)] == [4, 5, 6]
+
+
+def test_drafts_are_kept_while_each_equals_the_sample_before_it():
+    assert kept_drafts([5, 6, 7], [5, 6, 9, 1]) == 2
+    assert kept_drafts([5, 6, 7], [4, 6, 7, 1]) == 0
+    assert kept_drafts([5, 6, 7], [5, 6, 7, 1]) == 3
+
+
+# -- the engine: outputs exactly those without speculation --
+
+class OracleDrafter:
+    """Drafts a known continuation with every third drafted token wrong: long kept runs and rejections."""
+
+    name = "oracle"
+
+    def __init__(self, answers: dict[tuple[int, ...], list[int]]) -> None:
+        self.answers = answers
+
+    def propose(self, request_id, prompt, output, k):
+        answer = self.answers[tuple(prompt)]
+        nxt = answer[len(output):len(output) + k]
+        return [t if (len(output) + i) % 3 else (t + 1) % 250 + 3 for i, t in enumerate(nxt)]
+
+    def forget(self, request_id):
+        pass
+
+
+def generate(engine, prompts, params, k: int = 0) -> list[list[int]]:
+    engine.set_knobs(speculative_tokens=k, speculative_mode="fixed")
+    ids = [engine.add_request(p, params) for p in prompts]
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    assert_no_kv_leak(engine)
+    return [done[i] for i in ids]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+SHAPES = {"chunked prefill": dict(token_budget=8), "preemption": dict(num_kv_blocks=40),
+          "prefix caching": dict()}
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "oracle"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_greedy_tokens_are_identical_with_and_without_speculation(tiny_hf, drafter, shape):
+    engine = make_engine(tiny_hf[0], **SHAPES[shape])
+    reference = generate(engine, PROMPTS, GREEDY)
+    if drafter == "oracle":
+        engine.scheduler.speculator = Speculator(OracleDrafter({tuple(p): r for p, r in zip(PROMPTS, reference)}))
+    counts = Counter()
+    engine.step_listeners.append(lambda r: counts.update(drafted=r.draft_tokens, kept=r.kept_draft_tokens))
+    for k in (1, 3, 8):
+        counts.clear()
+        assert generate(engine, PROMPTS, GREEDY, k) == reference, k
+        assert counts["drafted"] > 0
+        if drafter == "oracle":
+            assert 0 < counts["kept"] < counts["drafted"]     # both kept and rejected drafts were exercised
+    if shape == "preemption":
+        assert engine.scheduler.num_preemptions > 0
+    if shape == "prefix caching":
+        engine.block_manager.check()
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_the_speculation_length(tiny_hf):
+    engine = make_engine(tiny_hf[0])
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=48, ignore_eos=True)
+    reference = generate(engine, PROMPTS, params)
+    engine.scheduler.speculator = Speculator(OracleDrafter({tuple(p): r for p, r in zip(PROMPTS, reference)}))
+    for k in (2, 8):
+        assert generate(engine, PROMPTS, params, k) == reference
+
+
+def test_the_sampled_distribution_is_the_target_models_with_drafts_verified(tiny_hf):
+    """Temperature 1, no seed: the first two tokens after a prompt, drawn many times with a drafter that
+    always proposes the same two tokens, follow the model's own next-token distributions (chi-square)."""
+    engine = make_engine(tiny_hf[0], max_num_seqs=128, num_kv_blocks=512)
+    prompt = [7, 8, 9]
+    logits = engine.runner.prompt_logits(prompt)[-1].double()
+    probs = torch.softmax(logits, dim=-1)
+    drafted = int(torch.argsort(probs, descending=True)[1])    # a likely token, not the likeliest
+    engine.scheduler.speculator = Speculator(type("Fixed", (), {
+        "propose": lambda self, rid, prompt, output, k: [drafted][:k], "forget": lambda self, rid: None})())
+    params = SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True)
+    firsts = Counter(t[0] for t in generate(engine, [prompt] * 2000, params, k=1))
+    likely = [t for t in range(len(probs)) if probs[t] * 2000 >= 5]    # chi-square wants expected counts >= 5
+    observed = [firsts[t] for t in likely] + [2000 - sum(firsts[t] for t in likely)]
+    expected = [float(probs[t]) * 2000 for t in likely]
+    expected.append(2000 - sum(expected))
+    assert chisquare(observed, expected).pvalue > 0.001
+
+
+# -- the KV of rejected drafts --
+
+class RandomDrafter:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def propose(self, request_id, prompt, output, k):
+        return [self.rng.choice([3, 4]) for _ in range(self.rng.randint(0, k))]
+
+    def forget(self, request_id):
+        pass
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(actions=ACTIONS, block_size=st.integers(1, 4), spare=st.integers(0, 6), budget=st.integers(1, 32),
+       window=st.sampled_from([None, 3]), k=st.integers(1, 6), seed=st.integers(0, 100))
+def test_no_block_leaks_with_speculation_under_random_arrivals_aborts_and_preemptions(actions, block_size, spare,
+                                                                                      budget, window, k, seed):
+    groups = KvGroups.of([False, True, True], window, block_size) if window else None
+    largest = groups.peak_pages(24 + 6, budget) if groups else -(-(24 + 6) // block_size)
+    pool = PrefixCachingBlockManager(largest + spare, block_size, groups)
+    sched = Scheduler(pool, "sarathi", Knobs(token_budget=budget, max_num_seqs=8, speculative_tokens=k,
+                                             speculative_mode="fixed"))
+    sched.speculator = Speculator(RandomDrafter(seed))
+    rng, live = random.Random(seed), []
+    for i, action in enumerate(actions):
+        if action[0] == "add":
+            _, tokens, max_tokens, salt = action
+            live.append(Request(f"r{i}", tokens, SamplingParams(max_tokens=max_tokens), 0.0, cache_salt=salt))
+            sched.add(live[-1])
+        elif action[0] == "abort" and live:
+            sched.finish(live.pop(action[1] % len(live)), FinishReason.ABORT)
+        else:
+            for _ in range(action[1] if action[0] == "step" else 0):
+                speculative_step(sched, live, rng)
+                check_pool(pool, sched)
+    for _ in range(400):
+        if not sched.has_work():
+            break
+        speculative_step(sched, live, rng)
+        check_pool(pool, sched)
+    assert not sched.has_work() and pool.num_free_blocks == pool.num_blocks
+
+
+def speculative_step(sched: Scheduler, live: list[Request], rng: random.Random) -> None:
+    """A step as the engine takes it: a random number of each verifying decode's drafts kept, and its
+    kept drafts plus one token emitted; KV is held for exactly the computed tokens' blocks after it."""
+    result = sched.schedule()
+    kept = {s.request.request_id: rng.randint(0, s.num_drafts) for s in result.scheduled if s.num_drafts}
+    emitted = {s.request.request_id: s.request.draft_token_ids[:kept.get(s.request.request_id, 0)] + [3]
+               for s in result.scheduled if s.samples}
+    sched.commit(result, kept)
+    for s in result.scheduled:
+        r = s.request
+        assert not r.draft_token_ids
+        if s.num_drafts:
+            assert len(r.block_table) == -(-r.num_computed_tokens // sched.blocks.block_size)
+        if s.samples:
+            r.output_token_ids.extend(emitted[r.request_id])
+            if r.num_output_tokens >= r.max_tokens:
+                sched.finish(r, FinishReason.LENGTH)
+                live.remove(r)
