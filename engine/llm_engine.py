@@ -30,6 +30,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduling.scheduler import ScheduleResult, Scheduler
 from engine.speculation.ngram_drafter import NgramDrafter
 from engine.speculation.speculator import Speculator
+from engine.structured.drafted_grammar import row_grammars
 from engine.structured.step_masks import StepMasks
 from engine.slo_class import DEFAULT_CLASS, SloClass
 from engine.model.tokenizer import Tokenizer, load_tokenizer
@@ -289,9 +290,9 @@ class LLMEngine:
         if not result.scheduled:
             return shed
         sampling = [s.request for s in result.scheduled if s.samples]
-        masks = StepMasks([s.request.grammar for s in result.scheduled if s.samples
-                           for _ in range(1 + s.num_drafts)], self.model_config.vocab_size) \
-            if any(r.grammar is not None for r in sampling) else None
+        masks = StepMasks([g for s in result.scheduled if s.samples
+                           for g in row_grammars(s.request.grammar, s.request.draft_token_ids)],
+                          self.model_config.vocab_size) if any(r.grammar is not None for r in sampling) else None
         try:
             out = self.runner.execute(result.scheduled, self._banned, return_logits, masks)
         except Exception:  # the step's requests fail; the engine and every other request go on
@@ -375,12 +376,12 @@ class LLMEngine:
         detok = self._detokenizers[request.request_id]
         new: list[int] = []
         reason = None
-        for token in tokens:
+        for i, token in enumerate(tokens):
             request.output_token_ids.append(token)
             new.append(token)
             reason = self._stop_reason(request, token)
             if request.grammar is not None:
-                reason, forced = self._follow_grammar(request, token, reason)
+                reason, forced = self._follow_grammar(request, token, reason, last=i == len(tokens) - 1)
                 new += forced
             if reason is not FinishReason.STOP:  # a stop token is not part of the text
                 detok.add(request.output_token_ids)
@@ -390,19 +391,19 @@ class LLMEngine:
                 break
         if reason is not None:
             self._finish(request, reason)
-        sampled = len(new) if request.grammar is None else 1
-        return self._output(request, new, tuple(logprobs[:sampled]))
+        return self._output(request, new, tuple(logprobs[:len(tokens)]))
 
-    def _follow_grammar(self, request: Request, token: int,
-                        reason: FinishReason | None) -> tuple[FinishReason | None, list[int]]:
+    def _follow_grammar(self, request: Request, token: int, reason: FinishReason | None,
+                        last: bool = True) -> tuple[FinishReason | None, list[int]]:
         """The grammar takes the sampled token; a complete grammar ends the request (even with ignore_eos);
-        else the tokens it forces next join the output at once, to be computed as one chunk."""
+        else, after the emission's last token, the tokens it forces next join the output at once, to be
+        computed as one chunk."""
         grammar = request.grammar
         if not grammar.accept(token):
             raise RuntimeError(f"the grammar refused token {token}, which its mask allowed")
         if grammar.terminated:
             return FinishReason.STOP, []
-        if reason is not None or not self.config.jump_forward or request.params.logprobs is not None:
+        if reason is not None or not last or not self.config.jump_forward or request.params.logprobs is not None:
             return reason, []
         room = min(request.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens)
         forced = grammar.forced_tokens(room, self._encode_plain)

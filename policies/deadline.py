@@ -114,10 +114,12 @@ class StepTime:
         c = seq.num_computed_tokens + j
         return self.cost.predict_counts(self.prefill, self.decode + 1, self.sampled + 1,
                                         self.context + self.context_tokens(1, c),
-                                        self.pairs + self.attended_pairs(1, c), self.seqs + 1) + self.grammar_s
+                                        self.pairs + self.attended_pairs(1, c), self.seqs + 1) \
+            + self.grammar_s + (self.grammar_row_s if seq.grammar is not None else 0.0)
 
     def add_draft(self, seq: SequenceState, j: int) -> None:
         c = seq.num_computed_tokens + j
+        self.grammar_s += self.grammar_row_s if seq.grammar is not None else 0.0
         self.decode += 1
         self.sampled += 1
         self.context += self.context_tokens(1, c)

@@ -34,8 +34,18 @@ from policies.step_shape import attended_pairs, context_tokens
 IDLE_TICK_S = 0.001   # how far the clock moves when a policy schedules nothing while work waits
 
 
-# a simulated request's stand-in grammar: the scheduler and the cost model only ask whether there is one
-SIMULATED_GRAMMAR = object()
+class SimulatedGrammar:
+    """A simulated request's stand-in grammar: the scheduler and the cost model ask whether there is one,
+    the speculator whether it takes a draft (every one)."""
+
+    def accept(self, token: int) -> bool:
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        pass
+
+
+SIMULATED_GRAMMAR = SimulatedGrammar()
 
 
 class RequestLike(Protocol):

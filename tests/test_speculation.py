@@ -290,3 +290,55 @@ def speculative_step(sched: Scheduler, live: list[Request], rng: random.Random) 
             if r.num_output_tokens >= r.max_tokens:
                 sched.finish(r, FinishReason.LENGTH)
                 live.remove(r)
+
+
+def test_a_constrained_request_verifies_drafts_row_by_row_masked_and_keeps_its_greedy_answer():
+    """Every drafted row is masked by the grammar after the drafts before it, and the grammar's state is
+    rolled back: the answer equals the one without speculation and still validates."""
+    import json
+
+    import jsonschema
+
+    from engine import LLM
+    from engine.structured.constraint import Constraint
+
+    engine = LLM(kv_cache_memory_mb=64).engine
+    engine.config.jump_forward = False          # forced tokens would differ in how the free parts are cut
+    schema = {"type": "object", "required": ["city", "country"], "additionalProperties": False,
+              "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}
+    compiled = engine.grammars.compile(Constraint.json_schema(schema))
+    text = 'Copy this JSON exactly: {"city": "Lisbon", "country": "Portugal"}'
+    prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    answers, counts = {}, Counter()
+    engine.step_listeners.append(lambda r: counts.update(drafted=r.draft_tokens, rows=r.grammar_rows))
+    for k in (0, 6):
+        engine.set_knobs(speculative_tokens=k, speculative_mode="fixed")
+        engine.enqueue(engine.make_request(prompt, SamplingParams(max_tokens=40, temperature=0), grammar=compiled))
+        while engine.has_unfinished():
+            for out in engine.step():
+                answers[k] = out
+    assert counts["drafted"] > 0 and counts["rows"] > counts["drafted"]
+    assert answers[6].token_ids == answers[0].token_ids
+    jsonschema.validate(json.loads(answers[6].text), schema)
+    assert_no_kv_leak(engine)
+
+
+def test_drafts_a_grammar_refuses_are_cut_and_its_state_is_left_as_it_was():
+    from engine.structured.drafted_grammar import allowed_drafts
+
+    class Digits:      # accepts digits only, and counts what it holds
+        def __init__(self):
+            self.held = []
+
+        def accept(self, token):
+            if token > 9:
+                return False
+            self.held.append(token)
+            return True
+
+        def rollback(self, n):
+            del self.held[len(self.held) - n:]
+
+    grammar = Digits()
+    assert allowed_drafts(grammar, [1, 2, 30, 4]) == [1, 2]
+    assert grammar.held == []

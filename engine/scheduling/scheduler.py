@@ -96,6 +96,7 @@ class ScheduleResult:
                     context += context_tokens(1, c + j)
                     pairs += attended_pairs(1, c + j)
                 sampled += d + 1
+                grammar_rows += (d + 1) * (request.grammar is not None)
                 continue
             if is_decode_work(n, c, request.num_prompt_tokens):
                 decodes.append(s)

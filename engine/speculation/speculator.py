@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from engine.speculation.acceptance import AcceptanceTracker
 from engine.speculation.ngram_drafter import NgramDrafter
+from engine.structured.drafted_grammar import allowed_drafts
 from policies.deadline import StepTime
 from policies.draft_lengths import DraftOffer, fixed_lengths, priced_lengths
 from policies.knobs import Knobs
@@ -45,10 +46,11 @@ class Speculator:
         return {request_id: proposals[request_id][:k] for request_id, k in lengths.items()}
 
     def _proposal(self, request, most: int) -> list[int]:
-        if request.grammar is not None:     # its drafted positions would each need a mask of their own
-            return []
         room = min(most, request.max_tokens - request.num_output_tokens - 1)
-        return self.drafter.propose(request.request_id, request.prompt_token_ids, request.output_token_ids, room)
+        drafts = self.drafter.propose(request.request_id, request.prompt_token_ids, request.output_token_ids, room)
+        if drafts and request.grammar is not None:     # only what its grammar allows: every row is masked anyway
+            drafts = allowed_drafts(request.grammar, drafts)
+        return drafts
 
     def observe(self, request_id: str, drafted: int, accepted: int, knobs: Knobs) -> None:
         self.acceptance.observe(request_id, drafted, accepted, knobs.acceptance_decay)
