@@ -679,4 +679,7 @@ def _window_dict(w: WindowSummary) -> dict[str, float | None]:
             "slo_attainment": w.slo_attainment, "arrival_rate_rps": w.arrival_rate_rps,
             "output_tokens_per_s": w.output_tokens_per_s, "input_output_ratio": w.input_output_ratio,
             "kv_usage_mean": w.kv_usage_mean, "mfu": w.mfu, "mbu": w.mbu, "num_finished": w.num_finished,
-            "busy_fraction": w.busy_fraction, "num_waiting_mean": w.num_waiting_mean, "shed_rps": w.shed_rps}
+            "busy_fraction": w.busy_fraction, "num_waiting_mean": w.num_waiting_mean, "shed_rps": w.shed_rps,
+            "num_running_mean": w.num_running_mean, "draft_tokens_per_s": w.draft_tokens_per_s,
+            "kept_draft_tokens_per_s": w.kept_draft_tokens_per_s, "draft_acceptance_rate": w.draft_acceptance_rate,
+            "draft_tokens_per_verify": w.draft_tokens_per_verify, "draft_tokens_per_decode": w.draft_tokens_per_decode}

@@ -39,7 +39,8 @@ def daemon_series() -> list[Series]:
     """Every series a daemon's /metrics holds under `autotuned:`, in the order the code registers them."""
     registry = CollectorRegistry()
     engine = PrometheusMetrics("MODEL", registry=registry)
-    owners = [(engine, "engine"), (engine.structured, "engine"), (engine.admission, "engine"), (TunerMetrics(registry), "tuner")]
+    owners = [(engine, "engine"), (engine.structured, "engine"), (engine.admission, "engine"),
+              (engine.speculation, "engine"), (TunerMetrics(registry), "tuner")]
     return [Series(m._name, m._type, tuple(m._labelnames), m._documentation, source)
             for owner, source in owners for m in vars(owner).values() if isinstance(m, MetricWrapperBase)]
 

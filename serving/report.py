@@ -20,7 +20,9 @@ DB_NAME = "tuner.db"
 DECISIONS_NAME = "decisions.jsonl"
 STUDY_PREFIX = "regime:"
 WINDOW_KEYS = ("ttft_p50_s", "tbt_p99_s", "goodput_rps", "slo_attainment", "arrival_rate_rps",
-               "output_tokens_per_s", "input_output_ratio", "kv_usage_mean", "mfu", "mbu", "shed_rps")
+               "output_tokens_per_s", "input_output_ratio", "kv_usage_mean", "mfu", "mbu", "shed_rps",
+               "num_running_mean", "draft_tokens_per_s", "draft_acceptance_rate", "draft_tokens_per_verify",
+               "draft_tokens_per_decode")
 KNOB_ORDER = ("token_budget", "prefill_priority", "max_num_seqs", "kv_admission_watermark", "policy")
 # JSON reports rendered before the controller's windows were called tuning windows still parse.
 OLD_KEYS = {"windows": "tuning_windows", "violated_windows": "violated_tuning_windows"}
@@ -131,7 +133,7 @@ class TuningReport:
         """The inverse of as_dict (the JSON rendering parsed back)."""
         d = _current_keys(d)
         regimes = tuple(_regime_from_dict(r) for r in d["regimes"])
-        timeline = tuple(Decision(**e) for e in d["timeline"])
+        timeline = tuple(_decision_from_dict(e) for e in d["timeline"])
         failures = tuple(Failure(**f) for f in d.get("failures", ()))
         return cls(d["state_dir"], d["generated_at"], regimes, timeline, d["tuning_windows"],
                    d["violated_tuning_windows"], failures)
@@ -141,10 +143,17 @@ def _current_keys(d: dict[str, Any]) -> dict[str, Any]:
     return {OLD_KEYS.get(k, k): v for k, v in d.items()}
 
 
+def _decision_from_dict(d: dict[str, Any]) -> Decision:
+    """A rendered decision, its window on WINDOW_KEYS: a key an older report lacks reads None."""
+    window = d.get("window")
+    return Decision(**{**d, "window": None if window is None else _window(window)})
+
+
 def _regime_from_dict(d: dict[str, Any]) -> RegimeReport:
     opt = lambda c, v: None if v is None else c(**_current_keys(v))   # noqa: E731
     d = _current_keys(d)
-    return RegimeReport(**{**d, "trials": tuple(TrialRow(**t) for t in d["trials"]),
+    trials = tuple(TrialRow(**{**t, "window": _window(t["window"])}) for t in d["trials"])
+    return RegimeReport(**{**d, "trials": trials,
                            "counts": TrialCounts(**d["counts"]), "chosen": opt(Chosen, d["chosen"]),
                            "before": opt(Outcome, d["before"]), "after": opt(Outcome, d["after"])})
 

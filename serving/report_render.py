@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 from serving.report import (WINDOW_KEYS, Decision, Failure, Outcome, RegimeReport, TrialRow, TuningReport,
                             ordered_knobs)
+from serving.report_speculation import SpeculationPoint, SpeculationRow, speculation_points, speculation_rows
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
 # Optuna's matplotlib plots draw through pyplot, whose figure registry and style are process-global
@@ -81,6 +82,7 @@ def render_html(report: TuningReport) -> str:
              "<h1>Tuning report</h1>", _overview(report), *_failures_section(report.failures),
              "<h2>Summary</h2>", _summary_table(report),
              "<h2>Admission</h2>", _admission_table(report),
+             "<h2>Speculation</h2>", *_speculation_section(report),
              "<h2>Timeline</h2>", _plot_html(Plot("Knobs against the workload (red: SLO violated, dotted: regime "
                                                    "change)", _timeline_png(report.timeline),
                                                    "no controller decisions recorded")),
@@ -143,6 +145,31 @@ def _admission_table(report: TuningReport) -> str:
         return '<p class="note">No measured windows yet.</p>'
     return _table(["regime", "windows", "windows that shed", "share of arrivals shed", "most shed rps in a window",
                    "admission_slack run"], rows, text_columns={0, 5})
+
+
+def _speculation_section(report: TuningReport) -> list[str]:
+    """The table, and the plot of draft length against load where the windows carry their running requests."""
+    rows = speculation_rows(report)
+    if not rows:
+        return ['<p class="note">No measured window ran speculative decoding (speculative_tokens 0).</p>']
+    points = speculation_points(report)
+    plot = Plot("Drafted tokens per decode against load (one point per window)", _draft_length_png(points),
+                "the windows do not record their running requests")
+    return [_speculation_table(rows), _plot_html(plot)]
+
+
+def _speculation_table(rows: list[SpeculationRow]) -> str:
+    """Per regime, lightest load first: how long the drafts the load let decodes verify were, and how many
+    of their tokens the target kept (serving/report_speculation.py)."""
+    return _table(["regime", "windows with speculation on", "windows that drafted", "running requests", "arrival rps",
+                   "drafted tokens per decode", "drafted tokens per verifying decode (k)", "acceptance rate",
+                   "speculative_tokens run"], [(_speculation_cells(r), "") for r in rows], text_columns={0, 8})
+
+
+def _speculation_cells(r: SpeculationRow) -> list[str]:
+    acceptance = "-" if r.acceptance is None else f"{r.acceptance:.1%}"
+    return [_esc(r.regime), _cell(r.windows), _cell(r.drafting), _cell(r.running), _cell(r.arrival_rate_rps),
+            _cell(r.per_decode), _cell(r.per_verify), _esc(acceptance), _esc(", ".join(r.knobs) or "-")]
 
 
 def _regime_section(r: RegimeReport) -> str:
@@ -281,6 +308,27 @@ def _timeline_png(timeline: tuple[Decision, ...]) -> str | None:
     context_ax.legend(handles=handles, loc="upper left", fontsize="small")
     context_ax.set_xlabel("seconds since the controller started")
     return _png(fig)
+
+
+def _draft_length_png(points: list[SpeculationPoint]) -> str | None:
+    """Each speculating window's mean draft length against its mean running requests: per verifying decode
+    (k) and per decode (k = 0 included; below k where the load kept decodes from drafting)."""
+    if not points:
+        return None
+    fig = Figure(figsize=(8, 4), layout="constrained")
+    ax = fig.subplots()
+    running = [p.running for p in points]
+    ax.scatter(running, _nan([p.per_verify for p in points]), color="C0", label="per verifying decode (k)")
+    ax.scatter(running, _nan([p.per_decode for p in points]), color="C1", marker="x", label="per decode")
+    ax.set_xlabel("running requests (window mean)")
+    ax.set_ylabel("drafted tokens")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper right", fontsize="small")
+    return _png(fig)
+
+
+def _nan(values: list[float | None]) -> list[float]:
+    return [math.nan if v is None else v for v in values]
 
 
 def _series(timeline: tuple[Decision, ...], get: Callable[[Decision], Any]) -> list[float]:

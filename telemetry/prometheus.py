@@ -10,6 +10,7 @@ from policies import Knobs
 from policies.knobs import KNOB_SPECS
 from engine.slo_class import SloClass
 from telemetry.admission_metrics import AdmissionMetrics
+from telemetry.speculation_metrics import SpeculationMetrics
 from telemetry.structured_metrics import StructuredMetrics
 from telemetry.window import meets_slo
 
@@ -34,7 +35,8 @@ class PrometheusMetrics:
                                    labels, registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prefill tokens computed (recompute included).",
                                      labels, registry=r)
-        self.generation_tokens = Counter(P + "generation_tokens", "Output tokens generated.", labels, registry=r)
+        self.generation_tokens = Counter(P + "generation_tokens", "Output tokens generated (accepted drafted "
+                                         "tokens and grammar-forced ones included).", labels, registry=r)
         self.iteration_tokens = Histogram(P + "iteration_tokens_total", "Tokens computed per engine step.",
                                           labels, buckets=TOKEN_BUCKETS, registry=r)
         self.step_tokens = Counter(P + "step_tokens", "Tokens computed, by kind.", labels + ["kind"], registry=r)
@@ -79,6 +81,7 @@ class PrometheusMetrics:
                                       labels + ["field"], registry=r)
         self.structured = StructuredMetrics(model_name, r)
         self.admission = AdmissionMetrics(model_name, r)
+        self.speculation = SpeculationMetrics(model_name, r)
         self._ignored_names: set[str] = set()
         self._ewma_ratio: float | None = None
         self._ewma_rate: float | None = None
@@ -91,7 +94,7 @@ class PrometheusMetrics:
         self.kv_usage.labels(m).set(s.kv_usage)
         self.preemptions.labels(m).inc(s.num_preempted)
         self.prompt_tokens.labels(m).inc(s.num_prefill_tokens)
-        self.generation_tokens.labels(m).inc(s.num_sampled + s.forced_tokens)
+        self.generation_tokens.labels(m).inc(s.num_sampled + s.forced_tokens + s.kept_draft_tokens)
         self.iteration_tokens.labels(m).observe(s.num_prefill_tokens + s.num_decode_tokens)
         self.step_tokens.labels(m, "prefill").inc(s.num_prefill_tokens)
         self.step_tokens.labels(m, "decode").inc(s.num_decode_tokens)
@@ -101,6 +104,7 @@ class PrometheusMetrics:
         self.cache_evictions.labels(m).inc(s.prefix_cache_evictions)
         self.cached_blocks.labels(m).set(s.prefix_cache_blocks)
         self.structured.on_step(s)
+        self.speculation.on_step(s)
 
     def read_live(self, running, waiting, kv_usage) -> None:
         """Read the engine's state gauges when scraped rather than at each step: a request aborted between

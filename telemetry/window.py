@@ -85,6 +85,11 @@ class WindowSummary:
     ttft_p50_by_class: dict[str, float | None] = field(default_factory=dict)   # of the class's finished requests
     tbt_p99_by_class: dict[str, float | None] = field(default_factory=dict)    # their gaps, pooled per class
     shed_rps: float = 0.0                  # requests admission answered 429 (they count as finished and missed)
+    draft_tokens_per_s: float = 0.0        # drafted tokens verified (speculative decoding; among the decode rows)
+    kept_draft_tokens_per_s: float = 0.0   # ... of them accepted: output tokens beyond one per decode
+    draft_acceptance_rate: float | None = None     # kept / drafted; None where nothing was drafted
+    draft_tokens_per_verify: float | None = None   # mean draft length of a decode that verified drafts (k)
+    draft_tokens_per_decode: float | None = None   # the same over every decode, k = 0 included
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -164,6 +169,7 @@ class TelemetryWindow:
             tpot_p50_s=_pct(tpot, 50), e2e_p50_s=_pct(e2e, 50), e2e_p99_s=_pct(e2e, 99),
             slo_attainment=met / len(finished) if finished else None, goodput_rps=met / seconds,
             shed_rps=sum(r.finish_reason == "shed" for r in finished) / seconds,
+            **_speculation(steps, seconds),
             num_steps=len(steps), busy_fraction=min(1.0, busy / seconds),
             step_time_mean_s=busy / len(steps) if steps else None,
             kv_usage_mean=float(np.mean([s.kv_usage for s in steps])) if steps else 0.0,
@@ -195,6 +201,18 @@ def _by_class(records: list[RequestRecord], met: list[bool]) -> dict[str, list[b
     for r, m in zip(records, met):
         out.setdefault(r.slo_class, []).append(m)
     return out
+
+
+def _speculation(steps: list[StepRecord], seconds: float) -> dict[str, float | None]:
+    """The window's draft fields: a decode verifying d drafts is d + 1 decode rows of the record."""
+    drafted = sum(s.draft_tokens for s in steps)
+    kept = sum(s.kept_draft_tokens for s in steps)
+    verifying = sum(s.draft_seqs for s in steps)
+    decodes = sum(s.num_decode_tokens for s in steps) - drafted
+    return {"draft_tokens_per_s": drafted / seconds, "kept_draft_tokens_per_s": kept / seconds,
+            "draft_acceptance_rate": kept / drafted if drafted else None,
+            "draft_tokens_per_verify": drafted / verifying if verifying else None,
+            "draft_tokens_per_decode": drafted / decodes if decodes > 0 else None}
 
 
 def _hit_rate(steps: list[StepRecord]) -> float | None:

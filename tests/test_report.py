@@ -272,3 +272,71 @@ def test_a_log_without_failures_or_pauses_still_loads(report, html_run):
     assert TuningReport.from_dict(old) == report
     assert TuningReport.from_dict(with_old_window_keys(old)) == report
     assert "Tuner failures" not in html_run[1] and "exploration paused" not in html_run[1]
+
+
+def speculating_window(running: float, drafted: float, per_verify: float | None, per_decode: float,
+                       acceptance: float | None) -> dict:
+    """A measured window's draft fields as the controller logs them (autotuner/controller.py)."""
+    return window(2.0, 0.95) | {"num_running_mean": running, "draft_tokens_per_s": drafted,
+                                "draft_acceptance_rate": acceptance, "draft_tokens_per_verify": per_verify,
+                                "draft_tokens_per_decode": per_decode}
+
+
+def write_speculation_log(state_dir, mode: str = "adaptive") -> None:
+    """A heavy regime logged first, where the load mostly kept decodes from drafting; a light one where they
+    drafted long; and a window of the light regime with speculation off, which the table leaves out."""
+    knobs = logged_knobs(BEST) | {"speculative_tokens": 4, "speculative_mode": mode}
+    entries = [("heavy", knobs, speculating_window(30.0, 0.0, None, 0.0, None)),
+               ("heavy", knobs, speculating_window(34.0, 5.0, 1.0, 0.1, 0.5)),
+               ("light", knobs, speculating_window(2.0, 40.0, 4.0, 3.5, 0.6)),
+               ("light", knobs | {"speculative_tokens": 6}, speculating_window(3.0, 30.0, 2.0, 1.5, 0.8)),
+               ("light", logged_knobs(BEST) | {"speculative_tokens": 0}, speculating_window(2.5, 0.0, None, 0.0, None))]
+    with open(state_dir / "decisions.jsonl", "w") as f:
+        for t, (regime, knobs, win) in enumerate(entries):
+            f.write(json.dumps({"t": 60 * t, "regime": regime, "action": "trial", "trial": None, "knobs": knobs,
+                                "context": {}, "window": win, "violated": False}) + "\n")
+
+
+def test_the_speculation_table_sets_draft_lengths_and_acceptance_against_load(tmp_path):
+    from serving.report_speculation import speculation_points, speculation_rows
+
+    write_speculation_log(tmp_path)
+    report = build_report(str(tmp_path))
+    light, heavy = speculation_rows(report)                 # lightest load first
+    assert (light.regime, light.windows, light.drafting, light.running) == ("light", 2, 2, 2.5)
+    assert (light.per_decode, light.per_verify, light.acceptance) == pytest.approx((2.5, 3.0, 0.7))
+    assert light.knobs == ("4 adaptive", "6 adaptive")
+    assert (heavy.regime, heavy.windows, heavy.drafting, heavy.running) == ("heavy", 2, 1, 32.0)
+    assert (heavy.per_decode, heavy.per_verify, heavy.acceptance) == pytest.approx((0.05, 1.0, 0.5))
+    assert [(p.running, p.per_verify) for p in speculation_points(report)] == \
+        [(30.0, None), (34.0, 1.0), (2.0, 4.0), (3.0, 2.0)]
+    assert TuningReport.from_dict(json.loads(render_json(report))) == report
+    section = render_html(report).split("<h2>Speculation</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "<td class=\"text\">light</td>" in section and "70.0%" in section and "50.0%" in section
+    assert section.index(">light<") < section.index(">heavy<")
+    assert section.count('src="data:image/png;base64,') == 1    # draft length against load
+
+
+def test_without_speculation_the_section_says_so(html_run):
+    section = html_run[1].split("<h2>Speculation</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "No measured window ran speculative decoding" in section and "<img" not in section
+
+
+def test_every_window_key_the_report_reads_is_one_the_controller_logs():
+    from autotuner.controller import _window_dict
+    from telemetry.window import TelemetryWindow
+
+    logged = _window_dict(TelemetryWindow(clock=lambda: 10.0).window(10.0))
+    assert set(WINDOW_KEYS) <= set(logged), sorted(set(WINDOW_KEYS) - set(logged))
+
+
+def test_a_json_report_without_the_draft_keys_loads_and_renders(report):
+    """Windows rendered before they carried running requests and draft fields read them as None."""
+    drafts = {"num_running_mean", "draft_tokens_per_s", "draft_acceptance_rate", "draft_tokens_per_verify",
+              "draft_tokens_per_decode"}
+    old = json.loads(render_json(report))
+    for w in [t["window"] for r in old["regimes"] for t in r["trials"]] + [d["window"] for d in old["timeline"]]:
+        for key in drafts & set(w or ()):
+            del w[key]
+    assert TuningReport.from_dict(old) == report
+    assert "<h2>Speculation</h2>" in render_html(TuningReport.from_dict(old))
