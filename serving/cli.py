@@ -167,6 +167,7 @@ def run_capacity_command(args: argparse.Namespace) -> None:
 def simulated_capacity_probe(args: argparse.Namespace):
     """The capacity search's probe on the simulator: --num-requests of the workload at each rate."""
     from simulation.cost_model_files import resolve_cost_model
+    from simulation.speculation_model import workload_speculation
     from simulation.workload_run import simulated_probe
     from loadgen.workload import load_workload
     from policies import Knobs, get_policy
@@ -180,7 +181,7 @@ def simulated_capacity_probe(args: argparse.Namespace):
     slo = SloClass(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s)
     workload = load_workload(args.workload)
     probe = simulated_probe(workload, cost, args.policy, knobs, slo, args.num_requests, args.seed,
-                            args.min_duration_s)
+                            args.min_duration_s, workload_speculation(workload.name))
     where = {"workload": workload.name, "simulated": True, "cost_model": cli_tuning.cost_model_label(cost, args.profile),
              "policy": args.policy,
              "knobs": {k: v for k, v in knobs.as_dict().items() if k != "version"}}

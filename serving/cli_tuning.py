@@ -162,6 +162,7 @@ def run_simulate(args: argparse.Namespace) -> None:
 
     from simulation.cost_model_files import resolve_cost_model
 
+    from simulation.speculation_model import workload_speculation
     from simulation.workload_run import simulate
     from loadgen.workload import generate, load_workload
     from policies import Knobs, get_policy
@@ -179,7 +180,7 @@ def run_simulate(args: argparse.Namespace) -> None:
     if not specs:
         raise ValueError("the workload produced no requests; raise --duration or --qps")
     start = time.perf_counter()
-    run = simulate(specs, cost, args.policy, knobs, slo)
+    run = simulate(specs, cost, args.policy, knobs, slo, speculation=workload_speculation(workload.name))
     result = {"workload": args.workload, **slo_fields(slo), **rate_fields(rate), "policy": args.policy,
               "cost_model": cost_model_label(cost, args.profile),
               "knobs": {k: v for k, v in knobs.as_dict().items() if k != "version"}, **run.summary.as_dict(),

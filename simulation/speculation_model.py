@@ -10,6 +10,7 @@ shows where the choice pays on each hardware profile. The parameters come from l
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import yaml
 
-SPECULATION_FILE = Path(__file__).resolve().parent.parent / "configs" / "speculation.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+SPECULATION_FILE = ROOT / "configs" / "speculation.yaml"
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,12 @@ class SpeculationModel:
 
 
 def workload_speculation(workload: str, path: Path = SPECULATION_FILE) -> SpeculationModel:
-    """The fitted model of a workload in configs/speculation.yaml (its `default` entry where it has none)."""
-    data = yaml.safe_load(path.read_text())["workloads"]
-    entry = data.get(workload, data["default"])
+    """The measured model configs/speculation.yaml gives a workload preset (its `default` where it names
+    none), read from the results file it names."""
+    config = yaml.safe_load(path.read_text())
+    measured = json.loads((ROOT / config["source"]).read_text())["workloads"]
+    names = config["workloads"]
+    entry = measured[names.get(workload, names["default"])]
     return SpeculationModel(float(entry["match_rate"]), float(entry["acceptance"]))
 
 

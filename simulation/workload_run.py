@@ -10,6 +10,7 @@ from simulation.profile_cost_model import StepTimeModel
 from engine.outputs import RequestRecord
 from engine.scheduling.error_budget import HORIZON_S, ErrorBudget
 from simulation.simulator import Simulator
+from simulation.speculation_model import SpeculationModel
 from engine.slo_class import SloClass, shipped_slo_classes
 from policies import DEFAULT_POLICY, Knobs
 from telemetry.latency_summary import LatencySummary, summarize_requests
@@ -24,14 +25,16 @@ class SimulatedRun:
 
 
 def make_simulator(cost: StepTimeModel, policy: str, knobs: Knobs, slo: SloClass | None = None,
-                   prefix_caching: bool = True, error_budget_horizon_s: float = HORIZON_S) -> Simulator:
+                   prefix_caching: bool = True, error_budget_horizon_s: float = HORIZON_S,
+                   speculation: SpeculationModel | None = None) -> Simulator:
     """Requests of the default SLO class get `slo`'s targets (the run's --slo flags); the error
-    budget spends over `error_budget_horizon_s` (the controller's context window, where one tunes)."""
+    budget spends over `error_budget_horizon_s` (the controller's context window, where one tunes);
+    `speculation`: how the workload's drafts fare, where knobs.speculative_tokens drafts any."""
     classes = shipped_slo_classes()
     if slo is not None:
         classes = classes.with_default_targets(slo.ttft_s, slo.tbt_s)
     sim = Simulator(cost, cost.kv_blocks, cost.block_size, policy, knobs, slo_classes=classes,
-                    prefix_caching=prefix_caching)
+                    prefix_caching=prefix_caching, speculation=speculation)
     sim.scheduler.error_budget = ErrorBudget(error_budget_horizon_s)   # as the daemon sets its engine's
     return sim
 
@@ -44,10 +47,11 @@ def shares_prefixes(specs: list[RequestSpec]) -> bool:
 
 
 def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = DEFAULT_POLICY, knobs: Knobs | None = None,
-             slo: SloClass | None = None, error_budget_horizon_s: float = HORIZON_S) -> SimulatedRun:
+             slo: SloClass | None = None, error_budget_horizon_s: float = HORIZON_S,
+             speculation: SpeculationModel | None = None) -> SimulatedRun:
     """Every request through to its end; rates are over first arrival to last finish."""
     sim = make_simulator(cost, policy, knobs or Knobs(), slo, prefix_caching=shares_prefixes(specs),
-                         error_budget_horizon_s=error_budget_horizon_s)
+                         error_budget_horizon_s=error_budget_horizon_s, speculation=speculation)
     records: list[RequestRecord] = []
     sim.finish_listeners.append(records.append)
     sim.submit(specs)
@@ -60,11 +64,12 @@ def simulate(specs: list[RequestSpec], cost: StepTimeModel, policy: str = DEFAUL
 
 
 def simulated_probe(workload: Workload, cost: StepTimeModel, policy: str, knobs: Knobs, slo: SloClass,
-                    num_requests: int, seed: int = 0, min_duration_s: float = 0.0):
+                    num_requests: int, seed: int = 0, min_duration_s: float = 0.0,
+                    speculation: SpeculationModel | None = None):
     """A capacity probe (loadgen.capacity): `num_requests` of the workload (more where they would
     arrive within `min_duration_s`: loadgen.capacity.probe_size), seeded, at the probed rate through
     the simulator."""
     def probe(qps: float) -> LatencySummary:
         specs = generate(workload, qps=qps, num_requests=probe_size(qps, num_requests, min_duration_s), seed=seed)
-        return simulate(specs, cost, policy, knobs, slo).summary
+        return simulate(specs, cost, policy, knobs, slo, speculation=speculation).summary
     return probe
