@@ -20,6 +20,7 @@ from autotuner.regime import Regime
 from autotuner.search_space import SearchSpace
 from autotuner.static_grid import grid_points
 from simulation.workload_run import simulate
+from simulation.speculation_model import SpeculationModel, workload_speculation
 from loadgen.workload import RequestSpec
 from simulation.cost_model import CostModel
 from simulation.step_scatter import factor_at, sigma_of
@@ -123,6 +124,8 @@ class WarmStartJob:
     seed: int = 0
     error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S   # the controller's context window, as the engine's
     serving_policy: str | None = None   # the engine's policy now, where it is not `policy` (a start on another)
+    # how drafts fare (configs/speculation.yaml's default workload, measured live): prices the speculation knobs
+    speculation: SpeculationModel | None = None
 
 
 def search(job: WarmStartJob) -> list[dict[str, Any]]:
@@ -181,7 +184,7 @@ def simulated_score(job: WarmStartJob, specs: list[RequestSpec], params: dict[st
     """One configuration (search-space params over the engine's knobs) simulated on `specs`."""
     knobs = Knobs(**job.knobs).replace(**{k: v for k, v in params.items() if k != "policy"})
     summary = simulate(specs, job.cost, params.get("policy", job.policy), knobs, job.slo,
-                       job.error_budget_horizon_s).summary
+                       job.error_budget_horizon_s, job.speculation).summary
     throttle()      # in a background process: keep within its CPU share
     return score(summary.goodput_rps, summary.num_requests / summary.duration_s, summary.ttft_p50_s,
                  summary.tbt_p99_s, job.slo)
@@ -304,7 +307,7 @@ class SimulatorWarmStart:
                             self.space, self.slo, self.policy, knobs,
                             [(r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens) for r in samples],
                             observed.arrival_rate_rps, self.trials, self.keep, self.seed,
-                            self.error_budget_horizon_s, self.base_policy())
+                            self.error_budget_horizon_s, self.base_policy(), workload_speculation("observed"))
 
 
 def scatter_line(scatter: tuple[float, ...]) -> str:

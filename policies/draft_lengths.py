@@ -8,8 +8,9 @@ long as the row raises the step's expected tokens per second (its expected token
 predicted time it adds: g / dt > tokens / time so far) and the step still fits its target (step_headroom
 x the tightest TBT slack, and the arrival guard). At low load a decode step leaves the compute idle and
 rows are cheap (the CPU kernels' time grows with the square root of the rows up to their crossover),
-so requests draft long; at high load the rows cost as much as what they might keep, or the slack is
-spent on prefill, and no request drafts (k = 0). In `fixed` mode every decode verifies all the drafter
+so requests draft long; at high load the rows cost as much as what they might keep, or the step
+carries prefill chunks, whose prompt tokens count as the step's work (a draft row must raise tokens
+per second with them counted), or the slack is spent, and no request drafts (k = 0). In `fixed` mode every decode verifies all the drafter
 offered, unpriced (vLLM's `num_speculative_tokens`): the baseline the adaptive choice is measured
 against."""
 
@@ -41,11 +42,12 @@ def fixed_lengths(offers: Sequence[DraftOffer], tokens_left: int) -> dict[str, i
     return chosen
 
 
-def priced_lengths(offers: Sequence[DraftOffer], time: StepTime, target: float, emitting: int,
+def priced_lengths(offers: Sequence[DraftOffer], time: StepTime, target: float, work: int,
                    tokens_left: int) -> dict[str, int]:
-    """Drafted rows added greedily by expected tokens kept while they raise expected tokens per
-    second and the step fits `target`; `emitting`: the tokens the planned step emits (a row each)."""
-    seconds, expected = time.seconds(), float(emitting)
+    """Drafted rows added greedily by expected tokens kept while they raise the step's tokens per second
+    and the step fits `target`; `work`: the tokens the planned step computes for sure (a token per decode,
+    each prompt token of its chunks), so under load, where chunks fill the step, drafts must beat prefill."""
+    seconds, expected = time.seconds(), float(work)
     chosen = {offer.seq.request_id: 0 for offer in offers}
     heap = [(-offer.acceptance, i) for i, offer in enumerate(offers) if offer.available > 0 and offer.acceptance > 0]
     heapq.heapify(heap)

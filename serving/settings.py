@@ -262,7 +262,7 @@ class Settings:
 _TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
 # the daemon's knobs where they differ from Knobs(): it sheds what cannot make its SLO (engine/scheduling/
 # admission.py); the engine as a library and the simulator admit everything unless told
-DAEMON_KNOBS: dict[str, Any] = {"admission_slack": 1.0}
+DAEMON_KNOBS: dict[str, Any] = {"admission_slack": 1.0, "speculative_tokens": 8}
 KNOB_FLAGS = ("token_budget", "max_num_seqs")   # knobs with a flag of their own (vLLM's names); any: --knob
 SLO_FLAGS = ("ttft_s", "tbt_s")                 # the default class's targets: --slo-ttft-s, --slo-tbt-s
 

@@ -88,29 +88,29 @@ def test_drafts_are_added_while_they_raise_expected_tokens_per_second():
     seq = decode_request("a", last_token=0.0)
     time = StepTime(decode_cost())
     time.add_decodes([seq], now=0.0)
-    likely = priced_lengths([DraftOffer(seq, 8, 0.9)], time, target=1.0, emitting=1, tokens_left=64)
+    likely = priced_lengths([DraftOffer(seq, 8, 0.9)], time, target=1.0, work=1, tokens_left=64)
     assert likely == {"a": 8}
     time = StepTime(decode_cost())
     time.add_decodes([seq], now=0.0)
     # a row costs 1 ms of a 21 ms step: a draft kept with chance below ~1/21 does not pay for it
-    assert priced_lengths([DraftOffer(seq, 8, 0.03)], time, target=1.0, emitting=1, tokens_left=64) == {}
+    assert priced_lengths([DraftOffer(seq, 8, 0.03)], time, target=1.0, work=1, tokens_left=64) == {}
 
 
 def test_no_request_drafts_when_the_tbt_slack_cannot_pay_for_a_row():
     seq = decode_request("a", last_token=0.0, tbt=0.1)
     time = StepTime(decode_cost())
     slack = time.add_decodes([seq], now=0.0795)    # 20.5 ms left of its 100 ms target
-    assert priced_lengths([DraftOffer(seq, 8, 0.99)], time, target=slack, emitting=1, tokens_left=64) == {}
+    assert priced_lengths([DraftOffer(seq, 8, 0.99)], time, target=slack, work=1, tokens_left=64) == {}
     time = StepTime(decode_cost())
     slack = time.add_decodes([seq], now=0.0770)    # 23 ms left: two rows fit
-    assert priced_lengths([DraftOffer(seq, 8, 0.99)], time, target=slack, emitting=1, tokens_left=64) == {"a": 2}
+    assert priced_lengths([DraftOffer(seq, 8, 0.99)], time, target=slack, work=1, tokens_left=64) == {"a": 2}
 
 
 def test_the_likeliest_drafts_get_the_rows_first_and_the_budget_caps_them():
     a, b = decode_request("a", 0.0), decode_request("b", 0.0)
     time = StepTime(decode_cost())
     time.add_decodes([a, b], now=0.0)
-    chosen = priced_lengths([DraftOffer(a, 8, 0.95), DraftOffer(b, 8, 0.3)], time, target=1.0, emitting=2,
+    chosen = priced_lengths([DraftOffer(a, 8, 0.95), DraftOffer(b, 8, 0.3)], time, target=1.0, work=2,
                             tokens_left=6)
     assert sum(chosen.values()) == 6 and chosen["a"] > chosen.get("b", 0)
 

@@ -39,8 +39,9 @@ class Speculator:
             for seq, n in chunks:
                 time.add_chunk(seq, n)
             target = min(knobs.step_headroom * slack, view.arrival_guard_s)
-            emitting = len(decodes) + sum(1 for seq, n in chunks if seq.num_computed_tokens + n == seq.num_tokens)
-            lengths = priced_lengths(offers, time, target, emitting, tokens_left)
+            # a prompt's tokens are work the step does as much as an emitted token: drafts must beat both
+            work = len(decodes) + sum(n for _, n in chunks)
+            lengths = priced_lengths(offers, time, target, work, tokens_left)
         else:
             lengths = fixed_lengths(offers, tokens_left)
         return {request_id: proposals[request_id][:k] for request_id, k in lengths.items()}
