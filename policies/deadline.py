@@ -40,6 +40,7 @@ import math
 from collections.abc import Sequence
 from operator import attrgetter
 
+from policies.draft_lengths import fixed_lengths, priced_lengths
 from policies.knobs import Knobs
 from policies.plan import BatchPlan
 from policies.step_builder import StepBuilder
@@ -169,7 +170,8 @@ class DeadlinePolicy:
     help = ("deadline-aware: decodes first, then prefill chunks in TTFT-deadline order sized by the cost model "
             "to the tightest TBT slack; the TBT percentile's error budget pays for rescuing late prompts")
     knobs = ("token_budget", "max_num_seqs", "step_headroom", "error_budget", "ttft_pace", "prefill_priority",
-             "max_partial_prefills", "long_prefill_token_threshold", "kv_admission_watermark")
+             "max_partial_prefills", "long_prefill_token_threshold", "kv_admission_watermark", "speculative_tokens",
+             "speculative_mode", "acceptance_prior", "acceptance_decay")
 
     def plan(self, view: SchedulerView, knobs: Knobs) -> BatchPlan:
         step = StepBuilder(view, knobs)
@@ -180,7 +182,33 @@ class DeadlinePolicy:
             # each decode's own step-time target is headroom x its TBT slack; the step fits the smallest
             target = min(knobs.step_headroom * time.add_decodes(decodes, view.now), view.arrival_guard_s)
         self._prefills(step, view, knobs, time, target, decodes)
+        if view.draft_offers is not None:
+            self._drafts(step, view, knobs, time, target, decodes)
         return step.plan
+
+    @staticmethod
+    def _drafts(step: StepBuilder, view: SchedulerView, knobs: Knobs, time: StepTime | None, target: float,
+                decodes: list[SequenceState]) -> None:
+        """After prefill: the drafted tokens each decode verifies (policies/draft_lengths.py) in what the
+        chunks left of the slack, a prompt token counting as much of the step's work as an emitted one
+        (so under load, where chunks fill the steps, drafts must beat prefill); adaptive needs the
+        step-time model."""
+        if time is None and knobs.speculative_mode == "adaptive":
+            return
+        offers = view.draft_offers(decodes)
+        if not offers:
+            return
+        if knobs.speculative_mode == "fixed":
+            lengths = fixed_lengths(offers, step.tokens_left)
+            if time:
+                for offer in offers:
+                    for j in range(1, lengths.get(offer.seq.request_id, 0) + 1):
+                        time.add_draft(offer.seq, j)
+        else:
+            lengths = priced_lengths(offers, time, target, len(decodes) + time.prefill, step.tokens_left)
+        for offer in offers:
+            if lengths.get(offer.seq.request_id):
+                step.add_drafts(offer.seq, lengths[offer.seq.request_id])
 
     def _prefills(self, step: StepBuilder, view: SchedulerView, knobs: Knobs, time: StepTime | None,
                   target: float, decodes: list[SequenceState]) -> None:

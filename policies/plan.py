@@ -16,7 +16,9 @@ class BatchPlan:
     scheduled: list[ScheduledChunk] = field(default_factory=list)
     admitted: list[str] = field(default_factory=list)     # waiting requests that start running this step
     preempted: list[str] = field(default_factory=list)    # running requests whose KV is freed (recompute later)
+    drafts: dict[str, int] = field(default_factory=dict)  # decodes that verify this many drafted tokens (speculation)
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.scheduled)
+        """Tokens computed: the chunks' and the drafted tokens verified."""
+        return sum(c.num_tokens for c in self.scheduled) + sum(self.drafts.values())

@@ -147,6 +147,25 @@ class StepBuilder:
         self.plan.scheduled.append(ScheduledChunk(request_id, 1))
         return True
 
+    def add_drafts(self, seq: SequenceState, k: int) -> int:
+        """Let scheduled decode `seq` verify up to `k` drafted tokens, as the budget and the free KV hold
+        them (no preemption for a draft); returns how many."""
+        request_id = seq.request_id
+        tokens, blocks = self._reserved.get(request_id, _NOTHING)
+        k = min(k, self.tokens_left)
+        while k > 0:
+            more = self.view.blocks_needed(seq, tokens + k) - blocks
+            if more <= self.free_blocks:
+                break
+            k -= 1
+        if k <= 0:
+            return 0
+        self.free_blocks -= more
+        self.tokens_left -= k
+        self._reserved[request_id] = (tokens, blocks + more)
+        self.plan.drafts[request_id] = k
+        return k
+
     def admit(self, seq: SequenceState, num_tokens: int, keep_free_blocks: int = 0) -> bool:
         """Start a waiting request if it fits the sequence limit, the budget and the free KV
         (leaving `keep_free_blocks` untouched). Admission never preempts, and no request is admitted
@@ -191,6 +210,7 @@ class StepBuilder:
         self._running.remove(victim)
         self._preempted.add(victim.request_id)
         tokens, blocks = self._reserved.pop(victim.request_id, (0, 0))
+        tokens += self.plan.drafts.pop(victim.request_id, 0)
         if tokens:
             self.tokens_left += tokens
             self.plan.scheduled[:] = [c for c in self.plan.scheduled if c.request_id != victim.request_id]

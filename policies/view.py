@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from policies.draft_lengths import DraftOffer
     from policies.step_shape import WindowedShape
 
 
@@ -103,6 +104,8 @@ class SchedulerView:
     # each request's window passes (engine/kv_cache/kv_groups.py)
     kv_groups: KvPages | None = None
     step_shape: WindowedShape | None = None   # sliding-window layers: what a step attends to (step_shape.py)
+    # speculative decoding (engine/speculation/): the drafter's offers for planned decodes; None: no drafting
+    draft_offers: Callable[[Sequence[SequenceState]], list[DraftOffer]] | None = None
 
     def blocks_needed(self, seq: SequenceState, num_new_tokens: int) -> int:
         """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens."""

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
+from engine.kv_cache.block_manager import BlockManager
 from engine.kv_cache.kv_groups import KvGroups
 from engine.kv_cache.prefix_cache import PrefixCachingBlockManager
 from engine.sampling_params import SamplingParams
@@ -115,13 +116,18 @@ def test_the_likeliest_drafts_get_the_rows_first_and_the_budget_caps_them():
     assert sum(chosen.values()) == 6 and chosen["a"] > chosen.get("b", 0)
 
 
-def test_adaptive_speculation_drafts_nothing_without_a_step_time_model():
-    seq = decode_request("a", 0.0)
-    seq.prompt_token_ids = [1, 2, 3, 1, 2]
-    seq.num_prompt_tokens = 5
-    view = type("View", (), {"cost": None})()
-    knobs = Knobs(speculative_tokens=4)
-    assert Speculator().drafts([seq], [], view, knobs, 64) == {}
+def test_adaptive_speculation_drafts_nothing_without_a_step_time_model_and_fixed_drafts_all():
+    pool = BlockManager(64, 4)
+    sched = Scheduler(pool, "deadline", Knobs(speculative_tokens=4))
+    sched.speculator = Speculator()
+    r = Request("a", [1, 2, 3, 1, 2], SamplingParams(max_tokens=16), 0.0)
+    sched.add(r)
+    sched.commit(sched.schedule())
+    r.output_token_ids.append(3)          # the prompt computed, its first token out: a decode that can draft
+    assert sched.schedule().num_draft_tokens == 0
+    sched.set_knobs(Knobs(speculative_tokens=4, speculative_mode="fixed"))
+    result = sched.schedule()
+    assert result.num_draft_tokens == 3 and r.draft_token_ids == [1, 2, 3]      # what followed "3" before... "1 2 3"
 
 
 # -- verification --
@@ -249,7 +255,7 @@ def test_no_block_leaks_with_speculation_under_random_arrivals_aborts_and_preemp
     groups = KvGroups.of([False, True, True], window, block_size) if window else None
     largest = groups.peak_pages(24 + 6, budget) if groups else -(-(24 + 6) // block_size)
     pool = PrefixCachingBlockManager(largest + spare, block_size, groups)
-    sched = Scheduler(pool, "sarathi", Knobs(token_budget=budget, max_num_seqs=8, speculative_tokens=k,
+    sched = Scheduler(pool, "deadline", Knobs(token_budget=budget, max_num_seqs=8, speculative_tokens=k,
                                              speculative_mode="fixed"))
     sched.speculator = Speculator(RandomDrafter(seed))
     rng, live = random.Random(seed), []

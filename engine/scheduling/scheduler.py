@@ -14,17 +14,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from engine.kv_cache.block_manager import BlockManager, OutOfBlocksError
+from engine.kv_cache.block_manager import BlockManager
 from engine.scheduling.admission import AdmissionControl
 from engine.scheduling.error_budget import ErrorBudget
 from engine.scheduling.request import FinishReason, Request, RequestStatus
-from engine.speculation.speculator import Speculator
 from policies import DEFAULT_POLICY, BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
 from policies.step_shape import WindowedShape, head_rows, samples, shape_functions
 from policies.view import StepCost, is_decode_work
+
+if TYPE_CHECKING:       # the speculation room comes after this one: set from outside (LLMEngine, the simulator)
+    from engine.speculation.speculator import Speculator
 
 
 class ScheduledRequest(NamedTuple):   # a named tuple: made for every request every step, cheaper than a frozen dataclass
@@ -207,7 +209,7 @@ class Scheduler:
         view = SchedulerView(self.running, self.waiting, self.blocks.num_free_blocks, self.blocks.num_blocks,
                              self.blocks.block_size, now, self.num_steps, self.cost, tolerated, long,
                              self.arrival_guard_s, self._exclusive_blocks if caching else None,
-                             self.blocks.groups, self.shape)
+                             self.blocks.groups, self.shape, self._draft_offers())
         self.num_steps += 1
         plan = self.policy.plan(view, self.knobs)
         self._check(plan)
@@ -221,37 +223,23 @@ class Scheduler:
             context = request.num_computed_tokens
             if context + num_tokens > len(request.block_table) * block_size:   # most steps need no block:
                 grow(request, context + num_tokens)                            # skip the call (every request, every step)
+            drafts = plan.drafts.get(request_id) if plan.drafts else None
+            if drafts:      # a decode verifying drafted tokens: their blocks too (the plan counted them)
+                request.draft_token_ids = self.speculator.drafted(request_id, drafts)
+                grow(request, context + 1 + len(request.draft_token_ids))
+                scheduled.append(ScheduledRequest(request, 1 + len(request.draft_token_ids), context,
+                                                  len(request.draft_token_ids)))
+                continue
             scheduled.append(ScheduledRequest(request, num_tokens, context))
-        if self.speculator is not None and self.knobs.speculative_tokens > 0:
-            scheduled = self._with_drafts(scheduled, view, plan.num_tokens)
         cache = self._cache_step(before) if caching else None
         return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name, cache, self.shape)
 
-    def _with_drafts(self, scheduled: list[ScheduledRequest], view: SchedulerView,
-                     planned_tokens: int) -> list[ScheduledRequest]:
-        """The planned step with the speculator's drafts on its decodes, each as far as free blocks hold it."""
-        decodes = [s.request for s in scheduled if s.is_decode]
-        chunks = [(s.request, s.num_tokens) for s in scheduled if not s.is_decode]
-        drafts = self.speculator.drafts(decodes, chunks, view, self.knobs, self.knobs.token_budget - planned_tokens)
-        if not drafts:
-            return scheduled
-        block_size, extended = self.blocks.block_size, []
-        for s in scheduled:
-            tokens = drafts.get(s.request.request_id)
-            if tokens:
-                request, context = s.request, s.context_len
-                room = (len(request.block_table) + self.blocks.num_free_blocks) * block_size - context - 1
-                tokens = tokens[:max(0, room)] if self.blocks.groups is None else tokens
-                try:
-                    self.blocks.grow_request(request, context + 1 + len(tokens))
-                except OutOfBlocksError:     # a layer group ran out part-way: give back what it took
-                    self.blocks.trim(request, context + 1)
-                    tokens = []
-                if tokens:
-                    request.draft_token_ids = tokens
-                    s = ScheduledRequest(request, 1 + len(tokens), context, len(tokens))
-            extended.append(s)
-        return extended
+    def _draft_offers(self):
+        """The speculator's offers for the policy to price (SchedulerView.draft_offers), where it drafts."""
+        if self.speculator is None or self.knobs.speculative_tokens <= 0:
+            return None
+        speculator, knobs = self.speculator, self.knobs
+        return lambda decodes: speculator.offers(decodes, knobs)
 
     def _exclusive_blocks(self, request: Request) -> int:
         return self.blocks.exclusive_blocks(request)
@@ -274,9 +262,11 @@ class Scheduler:
     def _check(self, plan: BatchPlan) -> None:
         """Plans are trusted to be frugal, but a broken one must fail loudly, not corrupt the cache."""
         ids, counts = zip(*plan.scheduled) if plan.scheduled else ((), ())
-        if sum(counts) > self.knobs.token_budget:
-            raise RuntimeError(f"{self.policy.name} planned {sum(counts)} tokens over a budget of "
+        if plan.num_tokens > self.knobs.token_budget:
+            raise RuntimeError(f"{self.policy.name} planned {plan.num_tokens} tokens over a budget of "
                                f"{self.knobs.token_budget}")
+        if plan.drafts and not set(plan.drafts) <= set(ids):
+            raise RuntimeError(f"{self.policy.name} planned drafts for a request it did not schedule")
         if len(ids) != len(set(ids)) or (counts and min(counts) < 1):
             raise RuntimeError(f"{self.policy.name} planned a request twice or for no tokens")
 

@@ -1,6 +1,6 @@
-"""Each step's drafts: after the policy has planned the step, the drafter's proposals for its decodes
-and the length each verifies (policies/draft_lengths.py), priced with the scheduler's step-time model
-against the same target the deadline policy sizes steps to."""
+"""Each step's drafts: the drafter's proposals for the step's decodes, offered to the policy (which
+prices how many of each to verify, policies/draft_lengths.py) with each request's acceptance estimate,
+and kept until the scheduler lays out the verification rows."""
 
 from __future__ import annotations
 
@@ -9,42 +9,26 @@ from collections.abc import Sequence
 from engine.speculation.acceptance import AcceptanceTracker
 from engine.speculation.ngram_drafter import NgramDrafter
 from engine.structured.drafted_grammar import allowed_drafts
-from policies.deadline import StepTime
-from policies.draft_lengths import DraftOffer, fixed_lengths, priced_lengths
+from policies.draft_lengths import DraftOffer
 from policies.knobs import Knobs
-from policies.view import SchedulerView, SequenceState
 
 
 class Speculator:
     def __init__(self, drafter: NgramDrafter | None = None) -> None:
         self.drafter = drafter or NgramDrafter()
         self.acceptance = AcceptanceTracker()
+        self._proposals: dict[str, list[int]] = {}     # this step's, by request
 
-    def drafts(self, decodes: Sequence, chunks: Sequence[tuple[SequenceState, int]], view: SchedulerView,
-               knobs: Knobs, tokens_left: int) -> dict[str, list[int]]:
-        """request_id -> the drafted tokens it verifies this step, for the planned `decodes` (requests) beside
-        the planned prefill `chunks` ((request, tokens)); none without a step-time model in adaptive mode."""
-        adaptive = knobs.speculative_mode == "adaptive"
-        if knobs.speculative_tokens <= 0 or tokens_left <= 0 or (adaptive and view.cost is None):
-            return {}
-        proposals = {r.request_id: self._proposal(r, knobs.speculative_tokens) for r in decodes}
-        offers = [DraftOffer(r, len(proposals[r.request_id]),
-                             self.acceptance.rate(r.request_id, knobs.acceptance_prior))
-                  for r in decodes if proposals[r.request_id]]
-        if not offers:
-            return {}
-        if adaptive:
-            time = StepTime(view.cost, view.step_shape)
-            slack = time.add_decodes(list(decodes), view.now)
-            for seq, n in chunks:
-                time.add_chunk(seq, n)
-            target = min(knobs.step_headroom * slack, view.arrival_guard_s)
-            # a prompt's tokens are work the step does as much as an emitted token: drafts must beat both
-            work = len(decodes) + sum(n for _, n in chunks)
-            lengths = priced_lengths(offers, time, target, work, tokens_left)
-        else:
-            lengths = fixed_lengths(offers, tokens_left)
-        return {request_id: proposals[request_id][:k] for request_id, k in lengths.items()}
+    def offers(self, decodes: Sequence, knobs: Knobs) -> list[DraftOffer]:
+        """The planned decodes that have a proposal, each with its length and acceptance estimate."""
+        self._proposals = {r.request_id: self._proposal(r, knobs.speculative_tokens) for r in decodes}
+        return [DraftOffer(r, len(self._proposals[r.request_id]),
+                           self.acceptance.rate(r.request_id, knobs.acceptance_prior))
+                for r in decodes if self._proposals[r.request_id]]
+
+    def drafted(self, request_id: str, k: int) -> list[int]:
+        """The first `k` tokens of the request's proposal this step."""
+        return self._proposals.get(request_id, [])[:k]
 
     def _proposal(self, request, most: int) -> list[int]:
         room = min(most, request.max_tokens - request.num_output_tokens - 1)
