@@ -39,12 +39,14 @@ def _answers(url: str) -> bool:
 
 @contextmanager
 def running(cmd: list[str], health_url: str, log_path: str | Path, name: str, timeout_s: float = 600,
-            cwd: str | Path | None = None) -> Iterator[subprocess.Popen]:
-    """A server started from `cmd` (its output to `log_path`), once its /health says 200; stopped on exit."""
+            cwd: str | Path | None = None, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """A server started from `cmd` (its output to `log_path`, no stdin, `env` if given), once its /health
+    says 200; stopped on exit."""
     if _answers(health_url):    # another server on the port would be measured in this one's place
         raise RuntimeError(f"{health_url} already answers before {name} starts: the port is taken")
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env)
     try:
         if not wait_healthy(proc, health_url, timeout_s, name, str(log_path)):
             raise RuntimeError(f"{name} did not start within {timeout_s:.0f} s; see {log_path}")

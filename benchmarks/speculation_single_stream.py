@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 
 import results_file
+from bench_common import peer_env
 from server_health import running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +99,8 @@ def stream_chat(client: httpx.Client, url: str, model: str, message: str, max_to
 
 
 def measure(url: str, messages: list[str], max_tokens: int) -> tuple[float, int, list[str]]:
-    with httpx.Client(timeout=600) as client:
+    # a connection per request: llama-server may close a kept-alive one after a stream, unseen by the client
+    with httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         model = client.get(f"{url}/v1/models").json()["data"][0]["id"]
         replies = [stream_chat(client, url, model, m, max_tokens) for m in messages]
     decode_tokens = sum(max(0, r.completion_tokens - 1) for r in replies)
@@ -166,7 +168,8 @@ def run_llama(args: argparse.Namespace, model: str, loads: dict[str, list[str]],
     for config, extra in llama_configs(args).items():
         cmd = [server, "-m", model, "--host", "127.0.0.1", "--port", str(args.port + 1), "-t", str(args.threads),
                "-c", str(args.context), "-np", "1", "--jinja", *extra]
-        with running(cmd, f"{url}/health", log_dir / f"llama-{Path(model).stem}-{config}-{round_}.log", "llama-server"):
+        with running(cmd, f"{url}/health", log_dir / f"llama-{Path(model).stem}-{config}-{round_}.log", "llama-server",
+                     env=peer_env()):
             for workload, messages in loads.items():
                 rate, tokens, texts = measure(url, messages, args.max_tokens)
                 out.append(Measured("llama.cpp", config, workload, round_, rate, tokens, texts))
