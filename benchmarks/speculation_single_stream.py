@@ -264,7 +264,8 @@ def markdown(results: dict[str, Any]) -> str:
                   "|---|---|---|---:|---:|"]
         for r in sorted(m["rows"], key=lambda r: (r["workload"], r["server"] != "ours", -r["decode_tok_s"])):
             same = "" if r["same_as_off"] is None else f"{r['same_as_off']}/{r['requests'] * len(r['rounds'])}"
-            lines.append(f"| {r['server']} | {r['config']} | {r['workload']} | {r['decode_tok_s']:.1f} | {same} |")
+            server = "daemon" if r["server"] == "ours" else r["server"]
+            lines.append(f"| {server} | {r['config']} | {r['workload']} | {r['decode_tok_s']:.1f} | {same} |")
         lines.append("")
         for workload, q in m["ratios"].items():
             if q["adaptive_over_off"] is None:

@@ -375,8 +375,9 @@ class LLMEngine:
         t.token_times.append(now)
         detok = self._detokenizers[request.request_id]
         new: list[int] = []
-        reason = None
+        reason, taken = None, 0
         for i, token in enumerate(tokens):
+            taken += 1
             request.output_token_ids.append(token)
             new.append(token)
             reason = self._stop_reason(request, token)
@@ -391,7 +392,7 @@ class LLMEngine:
                 break
         if reason is not None:
             self._finish(request, reason)
-        return self._output(request, new, tuple(logprobs[:len(tokens)]))
+        return self._output(request, new, tuple(logprobs[:taken]))
 
     def _follow_grammar(self, request: Request, token: int, reason: FinishReason | None,
                         last: bool = True) -> tuple[FinishReason | None, list[int]]:

@@ -348,3 +348,33 @@ def test_drafts_a_grammar_refuses_are_cut_and_its_state_is_left_as_it_was():
     grammar = Digits()
     assert allowed_drafts(grammar, [1, 2, 30, 4]) == [1, 2]
     assert grammar.held == []
+
+
+def test_logprobs_come_one_per_token_and_equal_those_without_speculation(tiny_hf):
+    """Each verification row is scored at its own position: the logprobs of a drafted-and-kept token are
+    those the plain decode of that position gives, and a stop inside an emission cuts both lists alike."""
+    engine = make_engine(tiny_hf[0])
+    plain = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=2)
+
+    def run(params, k):
+        engine.set_knobs(speculative_tokens=k, speculative_mode="fixed")
+        rid = engine.add_request(PROMPTS[0], params)
+        tokens, logprobs = [], []
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.request_id == rid:
+                    tokens += out.new_token_ids
+                    logprobs += out.logprobs
+        return tokens, logprobs
+
+    reference, reference_lp = run(plain, 0)
+    engine.scheduler.speculator = Speculator(OracleDrafter({tuple(PROMPTS[0]): reference}))
+    tokens, logprobs = run(plain, 6)
+    assert tokens == reference and len(logprobs) == len(tokens)
+    for a, b in zip(logprobs, reference_lp):
+        assert a.token_id == b.token_id and a.logprob == pytest.approx(b.logprob, abs=1e-3)   # fp32 sums in
+        # other orders (the second run finds the prompt in the prefix cache, drafts batch positions)
+    stop = reference[10]
+    stopped = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=2, stop_token_ids=(stop,))
+    tokens, logprobs = run(stopped, 6)
+    assert tokens == reference[:reference.index(stop) + 1] and len(logprobs) == len(tokens)

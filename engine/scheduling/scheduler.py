@@ -234,7 +234,7 @@ class Scheduler:
         cache = self._cache_step(before) if caching else None
         return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name, cache, self.shape)
 
-    def _draft_offers(self):
+    def _draft_offers(self) -> Callable[[list[Request]], list] | None:
         """The speculator's offers for the policy to price (SchedulerView.draft_offers), where it drafts."""
         if self.speculator is None or self.knobs.speculative_tokens <= 0:
             return None
