@@ -43,6 +43,7 @@ import httpx
 import results_file
 from bench_common import peer_env
 from server_health import running
+from speculation_sweep import config_knobs
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT_PROMPTS = (
@@ -116,16 +117,6 @@ def workloads(args: argparse.Namespace) -> dict[str, list[str]]:
     return {"code-editing": code, "chat": list(CHAT_PROMPTS[:args.chat])}
 
 
-def our_configs(spec: str) -> dict[str, dict[str, Any]]:
-    """`off,fixed:4,adaptive:8` -> knob sets."""
-    configs = {}
-    for item in spec.split(","):
-        mode, _, k = item.partition(":")
-        configs["off" if mode == "off" else f"{mode}-{k}"] = (
-            {"speculative_tokens": 0} if mode == "off" else {"speculative_tokens": int(k), "speculative_mode": mode})
-    return configs
-
-
 # each n-gram mode's flag for its draft length (llama-server --help)
 NGRAM_LENGTH_FLAGS = {"ngram-simple": "--spec-ngram-simple-size-m", "ngram-map-k": "--spec-ngram-map-k-size-m",
                       "ngram-map-k4v": "--spec-ngram-map-k4v-size-m", "ngram-mod": "--spec-ngram-mod-n-max"}
@@ -151,7 +142,7 @@ def run_ours(args: argparse.Namespace, model: str, loads: dict[str, list[str]], 
            "--no-tune", "--state-dir", state] + ([] if model == "bundled" else ["--model", model])
     out = []
     with running(cmd, f"{url}/health", log_dir / f"ours-{Path(model).stem}-{round_}.log", "daemon", cwd=ROOT):
-        for config, knobs in our_configs(args.ours).items():
+        for config, knobs in config_knobs(args.ours).items():
             httpx.post(f"{url}/admin/scheduler", json={"knobs": knobs}, timeout=30).raise_for_status()
             for workload, messages in loads.items():
                 rate, tokens, texts = measure(url, messages, args.max_tokens)

@@ -193,19 +193,16 @@ class DeadlinePolicy:
         chunks left of the slack, a prompt token counting as much of the step's work as an emitted one
         (so under load, where chunks fill the steps, drafts must beat prefill); adaptive needs the
         step-time model."""
-        if time is None and knobs.speculative_mode == "adaptive":
+        adaptive = knobs.speculative_mode == "adaptive"
+        if adaptive and (time is None or time.seconds() >= target):   # no model, or no slack left: no row fits
             return
         offers = view.draft_offers(decodes)
         if not offers:
             return
-        if knobs.speculative_mode == "fixed":
-            lengths = fixed_lengths(offers, step.tokens_left)
-            if time:
-                for offer in offers:
-                    for j in range(1, lengths.get(offer.seq.request_id, 0) + 1):
-                        time.add_draft(offer.seq, j)
-        else:
+        if adaptive:
             lengths = priced_lengths(offers, time, target, len(decodes) + time.prefill, step.tokens_left)
+        else:
+            lengths = fixed_lengths(offers, step.tokens_left)
         for offer in offers:
             if lengths.get(offer.seq.request_id):
                 step.add_drafts(offer.seq, lengths[offer.seq.request_id])

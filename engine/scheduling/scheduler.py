@@ -221,16 +221,14 @@ class Scheduler:
         for request_id, num_tokens in plan.scheduled:
             request = by_id[request_id]
             context = request.num_computed_tokens
+            drafts = 0
+            if plan.drafts and request_id in plan.drafts:   # a decode verifying drafted tokens (the plan counted them)
+                request.draft_token_ids = self.speculator.drafted(request_id, plan.drafts[request_id])
+                drafts = len(request.draft_token_ids)
+                num_tokens += drafts
             if context + num_tokens > len(request.block_table) * block_size:   # most steps need no block:
                 grow(request, context + num_tokens)                            # skip the call (every request, every step)
-            drafts = plan.drafts.get(request_id) if plan.drafts else None
-            if drafts:      # a decode verifying drafted tokens: their blocks too (the plan counted them)
-                request.draft_token_ids = self.speculator.drafted(request_id, drafts)
-                grow(request, context + 1 + len(request.draft_token_ids))
-                scheduled.append(ScheduledRequest(request, 1 + len(request.draft_token_ids), context,
-                                                  len(request.draft_token_ids)))
-                continue
-            scheduled.append(ScheduledRequest(request, num_tokens, context))
+            scheduled.append(ScheduledRequest(request, num_tokens, context, drafts))
         cache = self._cache_step(before) if caching else None
         return ScheduleResult.of(scheduled, len(plan.preempted), self.knobs, self.policy.name, cache, self.shape)
 
