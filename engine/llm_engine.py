@@ -299,6 +299,7 @@ class LLMEngine:
             log.exception("step %d failed; failing its %d requests", self._step, len(result.scheduled))
             return [self._fail(s.request) for s in result.scheduled]
         self.scheduler.commit(result, out.kept_drafts)
+        self._test_undrafted(result, out.tokens)
         self.last_logits = out.logits
         for request_id, scored in out.prompt_logprobs.items():
             self._prompt_logprobs.setdefault(request_id, []).extend(scored)
@@ -316,6 +317,16 @@ class LLMEngine:
         drafts = DraftStep(result.num_draft_tokens, sum(out.kept_drafts.values()), len(out.kept_drafts))
         self._emit_record(result, len(sampling), start, now - start, schedule_s, out.timing, gaps, grammar, drafts)
         return shed + outputs
+
+    def _test_undrafted(self, result: ScheduleResult, tokens: dict[str, list[int]]) -> None:
+        """Each decode offered a draft it did not verify: whether its sampled token is that draft."""
+        speculator = self.scheduler.speculator
+        if speculator is None:
+            return
+        for request_id, first in speculator.untested(result.scheduled):
+            sampled = tokens.get(request_id)
+            if sampled:
+                speculator.observe(request_id, 1, int(sampled[0] == first), result.knobs)
 
     def _shed_expired(self, now: float) -> list[RequestOutput]:
         """End the queued requests admission gives up on (AdmissionControl.expired): each one's final

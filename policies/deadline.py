@@ -63,6 +63,7 @@ class StepTime:
         self.context_tokens, self.attended_pairs = shape_functions(shape)
         self.prefill = self.decode = self.sampled = self.context = self.pairs = self.seqs = 0
         self.grammar_s = 0.0        # the masks of the constrained rows planned so far
+        self.draft_rows, self.draft_s = 0, 0.0   # drafted rows priced by measured verification steps
 
     def add_decodes(self, decodes: Sequence[SequenceState], now: float) -> float:
         """Adds them; returns the smallest TBT slack among them (their TBT target minus the time since
@@ -90,7 +91,7 @@ class StepTime:
 
     def seconds(self) -> float:
         return self.cost.predict_counts(self.prefill, self.decode, self.sampled, self.context, self.pairs,
-                                        self.seqs) + self.grammar_s
+                                        self.seqs) + self.grammar_s + self.draft_s
 
     def with_chunk(self, seq: SequenceState, n: int) -> float:
         """The step's predicted time if `seq` also gets an `n`-token prefill chunk."""
@@ -98,7 +99,7 @@ class StepTime:
         return self.cost.predict_counts(self.prefill + n, self.decode, self.sampled + head_rows(n, c, seq),
                                         self.context + self.context_tokens(n, c),
                                         self.pairs + self.attended_pairs(n, c), self.seqs + 1) \
-            + self.grammar_s + self._chunk_grammar_s(seq, n, c)
+            + self.grammar_s + self.draft_s + self._chunk_grammar_s(seq, n, c)
 
     def add_chunk(self, seq: SequenceState, n: int) -> None:
         c = seq.num_computed_tokens
@@ -111,21 +112,37 @@ class StepTime:
 
     def with_draft(self, seq: SequenceState, j: int) -> float:
         """The step's predicted time if decode `seq` also verifies its j-th drafted token: one more
-        decode-shaped row, at context c + j (policies/draft_lengths.py)."""
+        decode-shaped row, at context c + j (policies/draft_lengths.py); priced by the measured
+        verification steps where the model has them, else as one more decode."""
+        row_s = self._measured_row_s(seq, j)
+        grammar_s = self.grammar_row_s if seq.grammar is not None else 0.0
+        if row_s is not None:
+            return self.seconds() + row_s + grammar_s
         c = seq.num_computed_tokens + j
         return self.cost.predict_counts(self.prefill, self.decode + 1, self.sampled + 1,
                                         self.context + self.context_tokens(1, c),
                                         self.pairs + self.attended_pairs(1, c), self.seqs + 1) \
-            + self.grammar_s + (self.grammar_row_s if seq.grammar is not None else 0.0)
+            + self.grammar_s + self.draft_s + grammar_s
 
     def add_draft(self, seq: SequenceState, j: int) -> None:
-        c = seq.num_computed_tokens + j
         self.grammar_s += self.grammar_row_s if seq.grammar is not None else 0.0
+        row_s = self._measured_row_s(seq, j)
+        if row_s is not None:
+            self.draft_rows += 1
+            self.draft_s += row_s
+            return
+        c = seq.num_computed_tokens + j
         self.decode += 1
         self.sampled += 1
         self.context += self.context_tokens(1, c)
         self.pairs += self.attended_pairs(1, c)
         self.seqs += 1
+
+    def _measured_row_s(self, seq: SequenceState, j: int) -> float | None:
+        draft_row_s = getattr(self.cost, "draft_row_s", None)
+        if draft_row_s is None:
+            return None
+        return draft_row_s(self.prefill + self.decode + self.draft_rows, seq.num_computed_tokens + j)
 
     def _chunk_grammar_s(self, seq: SequenceState, n: int, c: int) -> float:
         """A chunk that reaches a constrained request's last token samples one masked row."""

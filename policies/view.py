@@ -60,6 +60,8 @@ class StepCost(Protocol):
 
     tile_tokens: int                             # prefill chunks of a multiple of this are cheapest per token
     grammar_row_s: float                         # added per sampled row held to a grammar (its mask)
+    # and, where the model has measured verification steps, draft_row_s(tokens, context) -> float | None:
+    # the seconds one drafted row adds to a step of `tokens` tokens (simulation.cost_model.CostModel)
 
     def predict_counts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int,
                        seqs: int) -> float: ...

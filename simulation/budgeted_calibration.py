@@ -8,14 +8,15 @@ default), in phases:
 1. the quantized kernels' crossover (a quantized engine whose config does not fix it), until
    CROSSOVER_SHARE of the budget; stopped early, the start-up's per-matrix guess stands above the
    largest row count measured;
-2. grid points until GRID_END_SHARE: each point's time is predicted (PointCost: the shipped fit's
+2. the verification steps of drafted tokens (simulation/verify_rows.py), for VERIFY_SHARE of the budget;
+3. grid points until GRID_END_SHARE: each point's time is predicted (PointCost: the shipped fit's
    parts, each scaled to the steps measured so far on each weights path, the cheapest first) and a point
    is measured only where it fits the time left and leaves time for MIN_GRID_POINTS points in all.
    A slow model so gets fewer points, and its dearest shapes are left out until there is time for
    them; steps of seconds are timed once, without an untimed run before;
-3. the steps of a few live requests whose prompts and outputs are sized to what is left, aborted at
+4. the steps of a few live requests whose prompts and outputs are sized to what is left, aborted at
    the budget;
-4. the fit, on what was measured. With fewer than MIN_FIT_POINTS grid points there is no shape to
+5. the fit, on what was measured. With fewer than MIN_FIT_POINTS grid points there is no shape to
    fit: CalibrationTooShort, and the daemon serves as with --no-calibrate (the shipped shape at the
    live speed).
 """
@@ -34,11 +35,13 @@ from simulation.calibrate import (DECODE_CONTEXTS, WARMUP_MAX_S, GridPoint, engi
                                   measure_step_crossover)
 from simulation.cost_model import FEATURES, CostModel, StepShape, fit_cost_model
 from simulation.cost_model_files import SHIPPED_COST_MODEL
+from simulation.verify_rows import measure_verify_rows
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_S = 60.0
 CROSSOVER_SHARE = 0.25     # the kernels' crossover is measured until this share of the budget
+VERIFY_SHARE = 0.10       # of the budget for the verification steps (simulation/verify_rows.py), timed once each
 GRID_END_SHARE = 0.75      # grid points until this share; the rest for live steps and the fit
 MIN_GRID_POINTS = 12       # while fewer are measured, a point may take at most the grid time left / those missing
 MIN_FIT_POINTS = len(FEATURES) + 1   # fewer grid points: too few to fit the shape of a step's cost
@@ -112,6 +115,7 @@ def calibrate_within(engine: LLMEngine, budget_s: float = DEFAULT_BUDGET_S, num_
     if engine.runner.quantized_path and engine.config.quantized_max_rows is None:
         measure_step_crossover(engine, 1, retakes, deadline=start + CROSSOVER_SHARE * budget_s, observe=cost.observe)
     cost.kernel_max_rows = engine.runner.quantized_max_rows
+    verify_rows = measure_verify_rows(engine, time.monotonic() + VERIFY_SHARE * budget_s, repeats=1)
     pool = grid(blocks.num_free_blocks, blocks.block_size, engine.config.max_token_budget,
                 POOL_PER_POINT * num_points, seed, engine.max_model_len, cost.kernel_max_rows)
     grid_end = start + GRID_END_SHARE * budget_s
@@ -157,7 +161,7 @@ def calibrate_within(engine: LLMEngine, budget_s: float = DEFAULT_BUDGET_S, num_
     took = time.monotonic() - start
     log.info("calibration: %d grid points and %d live steps in %.1f s (budget %.0f s)", grid_points, len(records),
              took, budget_s)
-    return replace(model, notes=model.notes | {"calibration": f"start-up, budget {budget_s:g} s",
+    return replace(model, verify_rows=verify_rows, notes=model.notes | {"calibration": f"start-up, budget {budget_s:g} s",
                                                "calibration_s": f"{took:.1f}", "grid_points": str(grid_points),
                                                "live_steps": str(len(records))})
 

@@ -13,7 +13,7 @@ import logging
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +23,7 @@ from tqdm import tqdm
 from simulation.cost_model import CostModel, StepShape, fit_cost_model, window_fields
 from engine.llm_engine import LLMEngine
 from simulation.machine import machine_fingerprint
+from simulation.verify_rows import measure_verify_rows
 from engine.outputs import StepRecord
 from engine.kernels.quantized_linear import CROSSOVER_ROWS   # step rows timed on both paths
 from engine.scheduling.request import Request
@@ -232,6 +233,7 @@ def calibrate(engine: LLMEngine, num_points: int = 120, repeats: int = 3, holdou
     blocks = engine.block_manager
     if engine.runner.quantized_path and engine.config.quantized_max_rows is None:
         measure_step_crossover(engine, repeats, retakes)
+    verify_rows = measure_verify_rows(engine, repeats=repeats)
     points = grid(blocks.num_free_blocks, blocks.block_size, engine.config.max_token_budget, num_points, seed,
                   engine.max_model_len, engine.runner.quantized_max_rows)
     shapes, seconds = [], []
@@ -242,7 +244,8 @@ def calibrate(engine: LLMEngine, num_points: int = 120, repeats: int = 3, holdou
     for record in live_steps(engine, live_requests, seed):
         shapes.append(StepShape.of(record))
         seconds.append(record.duration_s)
-    return fit_cost_model(shapes, seconds, holdout_fraction, seed, **engine_meta(engine))
+    return replace(fit_cost_model(shapes, seconds, holdout_fraction, seed, **engine_meta(engine)),
+                   verify_rows=verify_rows)
 
 
 def engine_meta(engine: LLMEngine) -> dict[str, object]:

@@ -36,6 +36,7 @@ from engine.kv_cache.kv_groups import KvGroups
 from engine.outputs import StepRecord
 from engine.scheduling.scheduler import ScheduleResult
 from policies.step_shape import WindowedShape
+from simulation.verify_rows import VerifyRows
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -56,12 +57,13 @@ class StepShape:
     attended_pairs: int
     num_seqs: int
     grammar_rows: int = 0       # sampled rows held to a grammar: not a fitted feature (CostModel.grammar_row_s)
+    draft_rows: int = 0         # decode rows verifying drafted tokens, among the above (CostModel.verify_rows)
 
     @staticmethod
     def of(record: StepRecord) -> StepShape:
         return StepShape(record.num_prefill_tokens, record.num_decode_tokens, record.head_rows or record.num_sampled,
                          record.context_tokens, record.attended_pairs,
-                         record.num_prefill_seqs + record.num_decode_tokens, record.grammar_rows)
+                         record.num_prefill_seqs + record.num_decode_tokens, record.grammar_rows, record.draft_tokens)
 
     @staticmethod
     def of_schedule(result: ScheduleResult) -> StepShape:
@@ -102,11 +104,32 @@ class CostModel:
     step_scatter: tuple[float, ...] = ()
     # seconds per sampled row held to a grammar (its mask): measured live (simulation.live_cost_model), not fitted
     grammar_row_s: float = 0.0
+    # measured steps of one decode verifying drafts (simulation/verify_rows.py): they price drafted rows
+    verify_rows: VerifyRows | None = None
 
     def predict(self, shape: StepShape) -> float:
-        return self.predict_counts(shape.num_prefill_tokens, shape.num_decode_tokens, shape.num_sampled,
-                                   shape.context_tokens, shape.attended_pairs, shape.num_seqs) \
-            + self.grammar_row_s * shape.grammar_rows
+        return self.predict_with_drafts(shape.num_prefill_tokens, shape.num_decode_tokens, shape.num_sampled,
+                                        shape.context_tokens, shape.attended_pairs, shape.num_seqs,
+                                        shape.draft_rows) + self.grammar_row_s * shape.grammar_rows
+
+    def draft_row_s(self, tokens: int, context: int) -> float | None:
+        """Seconds one drafted row at `context` adds to a step of `tokens` tokens, from the measured
+        verification steps; None without them (the fit prices the row as a decode)."""
+        return None if self.verify_rows is None else self.verify_rows.row_s(tokens, context)
+
+    def predict_with_drafts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int, seqs: int,
+                            drafts: int) -> float:
+        """`predict_counts` of a step whose `drafts` rows (counted in decode, sampled and seqs) verify drafted
+        tokens: with measured verification steps, those rows are priced by them at the step's mean row
+        context, the rest by the fit."""
+        if not drafts or self.verify_rows is None:
+            return self.predict_counts(prefill, decode, sampled, context, pairs, seqs)
+        row_context, row_pairs = context / seqs, pairs / seqs
+        base = self.predict_counts(prefill, decode - drafts, sampled - drafts, round(context - drafts * row_context),
+                                   round(pairs - drafts * row_pairs), seqs - drafts)
+        tokens = prefill + decode - drafts
+        rows = self.verify_rows
+        return base + max(rows.step_s(tokens + drafts, row_context) - rows.step_s(tokens, row_context), 0.0)
 
     def predict_counts(self, prefill: int, decode: int, sampled: int, context: int, pairs: int, seqs: int) -> float:
         """`predict` without building a StepShape: the simulator's per-step hot path."""
@@ -125,8 +148,10 @@ class CostModel:
         """Every prediction times `factor` (the model is linear in its coefficients); steps on the
         quantized kernels times `kernel_factor` instead where given (each path drifts on its own)."""
         kernel_factor = factor if kernel_factor is None else kernel_factor
+        rows = self.verify_rows    # measured on the kernels where the engine has them
         return replace(self, coefficients=tuple(c * factor for c in self.coefficients),
                        kernel_coefficients=tuple(c * kernel_factor for c in self.kernel_coefficients),
+                       verify_rows=rows and rows.scaled(kernel_factor if self.kernel_max_rows else factor),
                        notes=self.notes | {"speed_factor": f"{factor:.3f}", "kernel_speed_factor": f"{kernel_factor:.3f}"})
 
     def on_kernel_path(self, tokens: int) -> bool:
@@ -164,6 +189,7 @@ class CostModel:
             data["kernel_coefficients"] = tuple(data.get("kernel_coefficients", ()))
             data["layer_sliding"] = tuple(data.get("layer_sliding", ()))
             data["step_scatter"] = tuple(data.get("step_scatter", ()))
+            data["verify_rows"] = VerifyRows.from_dict(data.get("verify_rows"))
             model = CostModel(**data)
             if model.kernel_max_rows and len(model.kernel_coefficients) != len(FEATURES):
                 raise ValueError(f"kernel_max_rows {model.kernel_max_rows} without {len(FEATURES)} kernel coefficients")

@@ -198,15 +198,20 @@ class Simulator:
             return
         decodes = result.num_decode_tokens      # StepShape.of_schedule(result), without the object
         masks_s = getattr(self.cost, "grammar_row_s", 0.0) * result.num_grammar_rows
-        duration = self.cost.predict_counts(result.num_tokens - decodes, decodes, result.num_sampled,
-                                            result.context_tokens, result.attended_pairs,
-                                            result.num_rows or len(result.scheduled)) + masks_s
+        counts = (result.num_tokens - decodes, decodes, result.num_sampled, result.context_tokens,
+                  result.attended_pairs, result.num_rows or len(result.scheduled))
+        duration = (self.cost.predict_with_drafts(*counts, result.num_draft_tokens)
+                    if result.num_draft_tokens and hasattr(self.cost, "predict_with_drafts")
+                    else self.cost.predict_counts(*counts)) + masks_s
         if self.scatter:
             duration *= self.scatter.factor()
         self.now += duration
         kept = {s.request.request_id: self.drafter.kept(s.num_drafts) for s in result.scheduled if s.num_drafts} \
             if result.num_draft_tokens else {}
         self.scheduler.commit(result, kept)
+        if self.drafter is not None:
+            for request_id, _ in self.scheduler.speculator.untested(result.scheduled):
+                self.scheduler.speculator.observe(request_id, 1, self.drafter.kept(1), result.knobs)
         gaps: list[float] | None = [] if self.step_listeners else None
         num_sampled, num_finished = self._emit_tokens(result, gaps, kept)
         record = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from policies import Knobs
 from policies.deadline import StepTime
 from policies.draft_lengths import DraftOffer, priced_lengths
 from simulation.cost_model import CostModel
+from simulation.verify_rows import ROWS as VERIFY_ROWS, VerifyRows, measure_verify_rows
 from tests.conftest import assert_no_kv_leak, make_engine
 from tests.test_prefix_cache import ACTIONS, check_pool
 
@@ -128,6 +130,84 @@ def test_adaptive_speculation_drafts_nothing_without_a_step_time_model_and_fixed
     sched.set_knobs(Knobs(speculative_tokens=4, speculative_mode="fixed"))
     result = sched.schedule()
     assert result.num_draft_tokens == 3 and r.draft_token_ids == [1, 2, 3]      # what followed "3" before... "1 2 3"
+
+
+def test_measured_verification_steps_price_drafted_rows_in_place_of_the_fit():
+    """The fit prices a row at 20 ms; the measured verification steps at 5 ms (and more at a long
+    context): the rows are priced by the measurements, and the cheaper rows buy a longer draft."""
+    rows = VerifyRows((1, 2, 3, 5, 9), (64, 1024), ((0.040, 0.045, 0.050, 0.060, 0.080),
+                                                     (0.050, 0.057, 0.064, 0.078, 0.106)))
+    assert rows.row_s(1, 64) == pytest.approx(0.005)
+    assert rows.row_s(12, 64) == pytest.approx(0.005)               # past the last count: its segment's slope
+    assert rows.row_s(1, 544) == pytest.approx(0.006)               # linear in context between the two
+    fit = (0.020, 0.020, 0.0, 0.0, 0.0, 0.0, 0.0)
+    seq = decode_request("a", last_token=0.0)
+    lengths = {}
+    for model in (CostModel(fit), CostModel(fit, verify_rows=rows)):
+        time = StepTime(model)
+        time.add_decodes([seq], now=0.0)
+        lengths[model.verify_rows is None] = priced_lengths([DraftOffer(seq, 16, 0.8)], time, 1.0, 1, 64).get("a", 0)
+        assert time.seconds() == pytest.approx(model.predict_with_drafts(0, 1 + lengths[model.verify_rows is None],
+                                                                         1 + lengths[model.verify_rows is None],
+                                                                         21 * (1 + lengths[model.verify_rows is None]),
+                                                                         0, 1 + lengths[model.verify_rows is None],
+                                                                         lengths[model.verify_rows is None]),
+                                               rel=0.05)
+    assert 0 < lengths[True] < lengths[False]
+    assert CostModel(fit, verify_rows=rows).scaled(2.0).verify_rows.row_s(1, 64) == pytest.approx(0.010)
+
+
+def test_verification_steps_are_measured_and_survive_a_save(tiny_hf, tmp_path):
+    engine = make_engine(tiny_hf[0], num_kv_blocks=512, block_size=16)
+    rows = measure_verify_rows(engine, repeats=1)
+    assert rows.rows == VERIFY_ROWS and len(rows.seconds) == 2
+    assert all(list(s) == sorted(s) for s in rows.seconds)
+    model = replace(CostModel((0.01,) * 7), verify_rows=rows)
+    assert CostModel.load(model.save(tmp_path / "m.json")).verify_rows == rows
+    assert_no_kv_leak(engine)
+
+
+def test_a_draft_the_pricing_keeps_out_is_still_tested_against_the_sampled_token():
+    """With no step-time slack nothing is verified, yet each decode's proposal meets the token it
+    sampled: the acceptance estimate learns from those, so a prior too low to pay for a row is corrected."""
+    speculator = Speculator()
+    knobs = Knobs(speculative_tokens=4)
+    r = Request("a", [1, 2, 3, 1, 2], SamplingParams(max_tokens=16), 0.0)
+    r.output_token_ids = [3]
+    before = speculator.acceptance.rate("a", 0.2)
+    for _ in range(20):
+        speculator.begin_step()
+        assert len(speculator.offers([r], knobs)) == 1
+        first = speculator.drafted("a", 1)
+        assert speculator.untested([ScheduledRequest(r, 1, 5)]) == [("a", first[0])] == [("a", 1)]   # "2 3" was followed by 1
+        speculator.observe("a", 1, 1, knobs)
+    assert speculator.acceptance.rate("a", 0.2) > max(before, 0.8)
+    speculator.begin_step()
+    assert speculator.untested([ScheduledRequest(r, 1, 5)]) == []          # no offer this step: nothing to test
+
+
+def test_the_engine_tests_undrafted_proposals_against_what_it_sampled(tiny_hf):
+    """A step of 10 ms whose drafted rows cost half a second: adaptive verifies nothing, yet every
+    proposal is tested against the sampled token (the oracle's first drafted token is wrong at every
+    third output position)."""
+    engine = make_engine(tiny_hf[0])
+    reference = generate(engine, PROMPTS[:1], GREEDY)
+    engine.scheduler.speculator = Speculator(OracleDrafter({tuple(PROMPTS[0]): reference[0]}))
+    engine.scheduler.cost = CostModel((0.010, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+                                      verify_rows=VerifyRows((1, 2), (64,), ((0.010, 0.5),)))
+    seen, drafted = [], []
+    observe = engine.scheduler.speculator.observe
+    engine.scheduler.speculator.observe = lambda rid, d, kept, knobs: (seen.append((d, kept)),
+                                                                     observe(rid, d, kept, knobs))
+    engine.step_listeners.append(lambda record: drafted.append(record.draft_tokens))
+    engine.set_knobs(speculative_tokens=4, speculative_mode="adaptive")
+    engine.add_request(PROMPTS[0], GREEDY)
+    while engine.has_unfinished():
+        engine.step()
+    last = GREEDY.max_tokens - 1        # the decodes after the first token, but the last: it has no room to draft
+    assert not any(drafted) and all(d == 1 for d, _ in seen)
+    assert [kept for _, kept in seen] == [int(i % 3 != 0) for i in range(1, last)]
+    assert_no_kv_leak(engine)
 
 
 # -- verification --

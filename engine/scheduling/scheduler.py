@@ -234,7 +234,10 @@ class Scheduler:
 
     def _draft_offers(self) -> Callable[[list[Request]], list] | None:
         """The speculator's offers for the policy to price (SchedulerView.draft_offers), where it drafts."""
-        if self.speculator is None or self.knobs.speculative_tokens <= 0:
+        if self.speculator is None:
+            return None
+        self.speculator.begin_step()
+        if self.knobs.speculative_tokens <= 0:
             return None
         speculator, knobs = self.speculator, self.knobs
         return lambda decodes: speculator.offers(decodes, knobs)

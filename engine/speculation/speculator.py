@@ -37,6 +37,19 @@ class Speculator:
             drafts = allowed_drafts(request.grammar, drafts)
         return drafts
 
+    def untested(self, scheduled: Sequence) -> list[tuple[str, int]]:
+        """The step's decodes that had a proposal and verified none of it: (request id, its first drafted
+        token). Their sampled token tests that draft all the same (Speculator.observe of one drafted
+        token), so a request the pricing keeps from drafting still has its acceptance measured: a prior
+        too low to pay for a row would otherwise never be corrected. Consumes the step's proposals."""
+        proposals, self._proposals = self._proposals, {}
+        return [(s.request.request_id, proposals[s.request.request_id][0]) for s in scheduled
+                if not s.num_drafts and proposals.get(s.request.request_id)]
+
+    def begin_step(self) -> None:
+        """A new step: the last one's proposals (offered, maybe never run) are dropped."""
+        self._proposals = {}
+
     def observe(self, request_id: str, drafted: int, accepted: int, knobs: Knobs) -> None:
         self.acceptance.observe(request_id, drafted, accepted, knobs.acceptance_decay)
 
