@@ -11,13 +11,15 @@ machine fingerprint (simulation/machine.py) all match."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from simulation.budgeted_calibration import DEFAULT_BUDGET_S, CalibrationTooShort, calibrate_within
+from simulation.budgeted_calibration import DEFAULT_BUDGET_S, VERIFY_SHARE, CalibrationTooShort, calibrate_within
 from simulation.calibrate import default_cost_model_path, engine_meta
 from simulation.cost_model_files import SHIPPED_COST_MODEL, state_dir_calibrations
 from simulation.cost_model import CostModel
+from simulation.verify_rows import measure_verify_rows
 from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ def choose_cost_model(engine: LLMEngine, state_dir: str, calibrate_at_start: boo
             continue
         if model.describes(*want) and _same_crossover(engine, model):
             _adopt_crossover(engine, model)
+            if model.verify_rows is None and calibrate_at_start:
+                model = _with_verify_rows(engine, model, path, state_dir, budget_s)
             return CostModelChoice(model, str(path), True)
     what = f"{want[0]} {want[1]} ({want[4]} weights) on {want[3]}"
     if calibrate_at_start:
@@ -72,6 +76,24 @@ def choose_cost_model(engine: LLMEngine, state_dir: str, calibrate_at_start: boo
               "its shape, scaled to the live step times alone")
     log.warning("cost model: %s", source)
     return CostModelChoice(CostModel.load(SHIPPED_COST_MODEL), source, False)
+
+
+def _with_verify_rows(engine: LLMEngine, model: CostModel, path: Path, state_dir: str,
+                      budget_s: float) -> CostModel:
+    """A calibration made without verification steps: they are measured now (within the start-up
+    calibration's share for them) and saved with it, in the state dir (a shipped file stays as shipped)."""
+    rows = measure_verify_rows(engine, time.monotonic() + VERIFY_SHARE * budget_s, repeats=1)
+    if rows is None:
+        return model
+    model = replace(model, verify_rows=rows)
+    if path.parent == SHIPPED_COST_MODEL.parent:
+        path = default_cost_model_path(state_dir, model.model, model.dtype, model.device, model.weights)
+    try:
+        model.save(path)
+    except OSError as e:
+        log.warning("cannot add the verification steps to %s (%s): measured again at the next start", path,
+                    e.strerror or e)
+    return model
 
 
 def _same_crossover(engine: LLMEngine, model: CostModel) -> bool:

@@ -60,6 +60,22 @@ def test_the_daemon_uses_only_a_cost_model_of_its_own_machine(tiny_hf, monkeypat
 
     again = startup_cost_model.choose_cost_model(engine, str(tmp_path))    # the saved one is found next time
     assert again.describes_machine and again.model == calibrated.model and "start-up" not in again.source
+    assert calibrated.model.verify_rows is not None                         # drafted rows priced by measured steps
+
+
+def test_a_saved_calibration_without_verification_steps_gets_them_at_start_up(tiny_hf, tmp_path):
+    from simulation import startup_cost_model
+    from simulation.cost_model import CostModel
+
+    engine = make_engine(tiny_hf[0], num_kv_blocks=4096, block_size=16)
+    path = tmp_path / "cost_models" / "old.json"
+    CostModel((0.01,) + (0.0,) * 6, **calibrate_module.engine_meta(engine)).save(path)
+    assert CostModel.load(path).verify_rows is None
+    chosen = startup_cost_model.choose_cost_model(engine, str(tmp_path))
+    assert chosen.source == str(path) and chosen.model.verify_rows is not None
+    assert chosen.model.coefficients == (0.01,) + (0.0,) * 6            # the calibration itself is kept
+    assert CostModel.load(path).verify_rows == chosen.model.verify_rows
+    assert_no_kv_leak(engine)
 
 
 @pytest.fixture(scope="module")
