@@ -64,6 +64,7 @@ class StepTime:
         self.prefill = self.decode = self.sampled = self.context = self.pairs = self.seqs = 0
         self.grammar_s = 0.0        # the masks of the constrained rows planned so far
         self.draft_rows, self.draft_s = 0, 0.0   # drafted rows priced by measured verification steps
+        self.draft_row_s = getattr(cost, "draft_row_s", None)   # None: the model has no measured rows
 
     def add_decodes(self, decodes: Sequence[SequenceState], now: float) -> float:
         """Adds them; returns the smallest TBT slack among them (their TBT target minus the time since
@@ -139,10 +140,9 @@ class StepTime:
         self.seqs += 1
 
     def _measured_row_s(self, seq: SequenceState, j: int) -> float | None:
-        draft_row_s = getattr(self.cost, "draft_row_s", None)
-        if draft_row_s is None:
+        if self.draft_row_s is None:
             return None
-        return draft_row_s(self.prefill + self.decode + self.draft_rows, seq.num_computed_tokens + j)
+        return self.draft_row_s(self.prefill + self.decode + self.draft_rows, seq.num_computed_tokens + j)
 
     def _chunk_grammar_s(self, seq: SequenceState, n: int, c: int) -> float:
         """A chunk that reaches a constrained request's last token samples one masked row."""

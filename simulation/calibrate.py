@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-import torch
 from tqdm import tqdm
 
 from simulation.cost_model import CostModel, StepShape, fit_cost_model, window_fields
 from engine.llm_engine import LLMEngine
 from simulation.machine import machine_fingerprint
+from simulation.step_timing import timed_runs
 from simulation.verify_rows import measure_verify_rows
 from engine.outputs import StepRecord
 from engine.kernels.quantized_linear import CROSSOVER_ROWS   # step rows timed on both paths
@@ -123,13 +123,7 @@ def measure(engine: LLMEngine, point: GridPoint, repeats: int, retakes: int | No
             engine.runner.execute(scheduled)
         for attempt in range(retakes + 1):
             load = OtherLoad()
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                engine.runner.execute(scheduled)
-                if engine.config.device.startswith("cuda"):
-                    torch.cuda.synchronize()            # kernels run asynchronously: time them to the end
-                times.append(time.perf_counter() - start)
+            times = timed_runs(engine, scheduled, repeats)
             if load.share() <= MAX_OTHER_LOAD:
                 break
             if attempt == retakes:

@@ -18,11 +18,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-import torch
-
 from engine.sampling_params import SamplingParams
 from engine.scheduling.request import Request
 from engine.scheduling.scheduler import ScheduledRequest
+from simulation.step_timing import timed_runs
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -111,14 +110,7 @@ def _step_s(engine: LLMEngine, context: int, rows: int, repeats: int) -> float:
     blocks = engine.block_manager
     blocks.grow(request.block_table, context + rows)
     try:
-        engine.runner.execute(scheduled)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            engine.runner.execute(scheduled)
-            if engine.config.device.startswith("cuda"):
-                torch.cuda.synchronize()            # kernels run asynchronously: time them to the end
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        engine.runner.execute(scheduled)       # untimed: a new shape's set-up
+        return statistics.median(timed_runs(engine, scheduled, repeats))
     finally:
         blocks.free(request.block_table)

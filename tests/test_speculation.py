@@ -146,12 +146,9 @@ def test_measured_verification_steps_price_drafted_rows_in_place_of_the_fit():
     for model in (CostModel(fit), CostModel(fit, verify_rows=rows)):
         time = StepTime(model)
         time.add_decodes([seq], now=0.0)
-        lengths[model.verify_rows is None] = priced_lengths([DraftOffer(seq, 16, 0.8)], time, 1.0, 1, 64).get("a", 0)
-        assert time.seconds() == pytest.approx(model.predict_with_drafts(0, 1 + lengths[model.verify_rows is None],
-                                                                         1 + lengths[model.verify_rows is None],
-                                                                         21 * (1 + lengths[model.verify_rows is None]),
-                                                                         0, 1 + lengths[model.verify_rows is None],
-                                                                         lengths[model.verify_rows is None]),
+        k = priced_lengths([DraftOffer(seq, 16, 0.8)], time, 1.0, 1, 64).get("a", 0)
+        lengths[model.verify_rows is None] = k
+        assert time.seconds() == pytest.approx(model.predict_with_drafts(0, 1 + k, 1 + k, 21 * (1 + k), 0, 1 + k, k),
                                                rel=0.05)
     assert 0 < lengths[True] < lengths[False]
     assert CostModel(fit, verify_rows=rows).scaled(2.0).verify_rows.row_s(1, 64) == pytest.approx(0.010)
