@@ -279,3 +279,16 @@ def test_openai_parse_on_the_real_files(path):
         r = client.chat.completions.parse(model="qwen", messages=ASK, max_tokens=80, temperature=0,
                                           response_format=Person)
         assert isinstance(r.choices[0].message.parsed, Person)
+
+
+def test_a_constraint_no_token_of_the_vocabulary_can_start_is_a_400_not_a_failed_generation(tiny_hf):
+    """The tiny model's words cannot spell "0": every first-row logit would be masked."""
+    from engine.errors import InvalidRequestError
+    from engine.structured.constraint import Constraint, ConstraintKind
+    from tests.conftest import make_engine
+
+    grammars = make_engine(tiny_hf[0]).grammars
+    with pytest.raises(InvalidRequestError, match="cannot start with any token") as refused:
+        grammars.compile(Constraint(ConstraintKind.REGEX, "0", "structured_outputs"))
+    assert refused.value.param == "structured_outputs"
+    assert grammars.compile(Constraint(ConstraintKind.REGEX, "w3(w4)*", "structured_outputs"))

@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as Futur
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import xgrammar as xgr
 
 from engine.errors import InvalidRequestError
@@ -119,9 +120,22 @@ class GrammarCompiler:
             raise InvalidRequestError(f"the {constraint.kind.value} constraint does not compile: {reason}",
                                       constraint.param) from e
         seconds = time.perf_counter() - start
+        if not _admits_a_first_token(grammar, self._vocab_size):
+            raise InvalidRequestError(f"the {constraint.kind.value} constraint cannot start with any token of this "
+                                      "model's vocabulary", constraint.param)
         for listener in self.on_compiled:
             listener(constraint.kind.value, seconds)
         return CompiledConstraint(constraint, grammar, seconds)
+
+
+def _admits_a_first_token(grammar: xgr.CompiledGrammar, vocab_size: int) -> bool:
+    """Some token may open the output: else every logit of the first row would be masked, and nothing the
+    sampler picks would be one the grammar accepts (a vocabulary without the bytes a pattern needs)."""
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+    xgr.GrammarMatcher(grammar).fill_next_token_bitmask(bitmask)
+    logits = torch.zeros(1, vocab_size)
+    xgr.apply_token_bitmask_inplace(logits, bitmask)
+    return bool(torch.isfinite(logits).any())
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
