@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from operator import attrgetter
 
 from policies.draft_lengths import fixed_lengths, priced_lengths
@@ -111,19 +111,25 @@ class StepTime:
         self.pairs += self.attended_pairs(n, c)
         self.seqs += 1
 
-    def with_draft(self, seq: SequenceState, j: int) -> float:
-        """The step's predicted time if decode `seq` also verifies its j-th drafted token: one more
-        decode-shaped row, at context c + j (policies/draft_lengths.py); priced by the measured
-        verification steps where the model has them, else as one more decode."""
-        row_s = self._measured_row_s(seq, j)
+    def with_drafts(self, seq: SequenceState, first: int, most: int) -> Iterator[float]:
+        """The step's predicted time if decode `seq` also verifies its drafted tokens first..first + n - 1,
+        for n = 1..most in turn: each one more decode-shaped row, at context c + j (policies/draft_lengths.py);
+        priced by the measured verification steps where the model has them, else as one more decode."""
+        seconds, c = self.seconds(), seq.num_computed_tokens + first
         grammar_s = self.grammar_row_s if seq.grammar is not None else 0.0
-        if row_s is not None:
-            return self.seconds() + row_s + grammar_s
-        c = seq.num_computed_tokens + j
-        return self.cost.predict_counts(self.prefill, self.decode + 1, self.sampled + 1,
-                                        self.context + self.context_tokens(1, c),
-                                        self.pairs + self.attended_pairs(1, c), self.seqs + 1) \
-            + self.grammar_s + self.draft_s + grammar_s
+        tokens = self.prefill + self.decode + self.draft_rows
+        context = pairs = 0
+        for n in range(most):
+            row_s = self._row_s(tokens + n, c + n)
+            if row_s is not None:
+                seconds += row_s + grammar_s
+                yield seconds
+                continue
+            context += self.context_tokens(1, c + n)
+            pairs += self.attended_pairs(1, c + n)
+            yield self.cost.predict_counts(self.prefill, self.decode + n + 1, self.sampled + n + 1,
+                                           self.context + context, self.pairs + pairs, self.seqs + n + 1) \
+                + self.grammar_s + self.draft_s + (n + 1) * grammar_s
 
     def add_draft(self, seq: SequenceState, j: int) -> None:
         self.grammar_s += self.grammar_row_s if seq.grammar is not None else 0.0
@@ -140,9 +146,10 @@ class StepTime:
         self.seqs += 1
 
     def _measured_row_s(self, seq: SequenceState, j: int) -> float | None:
-        if self.draft_row_s is None:
-            return None
-        return self.draft_row_s(self.prefill + self.decode + self.draft_rows, seq.num_computed_tokens + j)
+        return self._row_s(self.prefill + self.decode + self.draft_rows, seq.num_computed_tokens + j)
+
+    def _row_s(self, tokens: int, context: int) -> float | None:
+        return None if self.draft_row_s is None else self.draft_row_s(tokens, context)
 
     def _chunk_grammar_s(self, seq: SequenceState, n: int, c: int) -> float:
         """A chunk that reaches a constrained request's last token samples one masked row."""

@@ -71,7 +71,43 @@ def test_acceptance_moves_from_the_prior_to_what_verification_keeps_and_new_requ
     assert tracker.rate("b", 0.5) > 0.9
 
 
+def test_survival_is_estimated_per_position_so_long_runs_are_seen_as_such():
+    """Drafts of 8 that either fail at once or survive whole (prompt lookup on copied code): one chance per
+    token would put the 8th's survival at a^8 of a first one's; per position, a run that started goes on."""
+    tracker, coin = AcceptanceTracker(), random.Random(0)
+    for _ in range(60):
+        tracker.observe("a", 8, 8 if coin.random() < 0.5 else 0, decay=0.95)
+    s = tracker.survival("a", 0.5, 8)
+    assert list(s) == sorted(s, reverse=True)
+    assert 0.2 < s[0] < 0.8 and s[7] > 0.75 * s[0]       # the 8th nearly as likely as the first
+
+
+def test_a_run_that_held_is_expected_to_go_on_and_a_broken_one_to_break_again():
+    tracker = AcceptanceTracker()
+    for block in range(12):                              # stretches of copying, stretches of new text
+        for _ in range(5):
+            tracker.observe("a", 4, 0 if block % 2 else 4, decay=0.95)
+    broken = tracker.survival("a", 0.5, 4)
+    tracker.observe("a", 4, 4, decay=0.95)
+    held = tracker.survival("a", 0.5, 4)
+    assert held[0] > 0.7 and broken[0] < 0.3
+
+
+def test_a_position_never_tested_takes_the_requests_pooled_rate():
+    tracker = AcceptanceTracker()
+    for _ in range(30):
+        tracker.observe("a", 2, 1, decay=0.9)            # position 1 always kept, position 2 never
+    s = tracker.survival("a", 0.5, 4)
+    assert s[0] > 0.85 and s[1] / s[0] < 0.2
+    assert s[3] / s[2] == pytest.approx(tracker.overall[False].pooled(0.5), abs=0.3)
+
+
 # -- the choice of lengths --
+
+def offer(seq: Request, n: int, acceptance: float) -> DraftOffer:
+    """An offer of n drafts, each kept with `acceptance` given the ones before it."""
+    return DraftOffer(seq, tuple(acceptance ** j for j in range(1, n + 1)))
+
 
 def decode_cost() -> CostModel:
     """20 ms a step plus 1 ms a row: rows are cheap beside the step's fixed cost (a CPU decode step)."""
@@ -91,29 +127,29 @@ def test_drafts_are_added_while_they_raise_expected_tokens_per_second():
     seq = decode_request("a", last_token=0.0)
     time = StepTime(decode_cost())
     time.add_decodes([seq], now=0.0)
-    likely = priced_lengths([DraftOffer(seq, 8, 0.9)], time, target=1.0, work=1, tokens_left=64)
+    likely = priced_lengths([offer(seq, 8, 0.9)], time, target=1.0, work=1, tokens_left=64)
     assert likely == {"a": 8}
     time = StepTime(decode_cost())
     time.add_decodes([seq], now=0.0)
     # a row costs 1 ms of a 21 ms step: a draft kept with chance below ~1/21 does not pay for it
-    assert priced_lengths([DraftOffer(seq, 8, 0.03)], time, target=1.0, work=1, tokens_left=64) == {}
+    assert priced_lengths([offer(seq, 8, 0.03)], time, target=1.0, work=1, tokens_left=64) == {}
 
 
 def test_no_request_drafts_when_the_tbt_slack_cannot_pay_for_a_row():
     seq = decode_request("a", last_token=0.0, tbt=0.1)
     time = StepTime(decode_cost())
     slack = time.add_decodes([seq], now=0.0795)    # 20.5 ms left of its 100 ms target
-    assert priced_lengths([DraftOffer(seq, 8, 0.99)], time, target=slack, work=1, tokens_left=64) == {}
+    assert priced_lengths([offer(seq, 8, 0.99)], time, target=slack, work=1, tokens_left=64) == {}
     time = StepTime(decode_cost())
     slack = time.add_decodes([seq], now=0.0770)    # 23 ms left: two rows fit
-    assert priced_lengths([DraftOffer(seq, 8, 0.99)], time, target=slack, work=1, tokens_left=64) == {"a": 2}
+    assert priced_lengths([offer(seq, 8, 0.99)], time, target=slack, work=1, tokens_left=64) == {"a": 2}
 
 
 def test_the_likeliest_drafts_get_the_rows_first_and_the_budget_caps_them():
     a, b = decode_request("a", 0.0), decode_request("b", 0.0)
     time = StepTime(decode_cost())
     time.add_decodes([a, b], now=0.0)
-    chosen = priced_lengths([DraftOffer(a, 8, 0.95), DraftOffer(b, 8, 0.3)], time, target=1.0, work=2,
+    chosen = priced_lengths([offer(a, 8, 0.95), offer(b, 8, 0.3)], time, target=1.0, work=2,
                             tokens_left=6)
     assert sum(chosen.values()) == 6 and chosen["a"] > chosen.get("b", 0)
 
@@ -146,12 +182,24 @@ def test_measured_verification_steps_price_drafted_rows_in_place_of_the_fit():
     for model in (CostModel(fit), CostModel(fit, verify_rows=rows)):
         time = StepTime(model)
         time.add_decodes([seq], now=0.0)
-        k = priced_lengths([DraftOffer(seq, 16, 0.8)], time, 1.0, 1, 64).get("a", 0)
+        k = priced_lengths([offer(seq, 16, 0.8)], time, 1.0, 1, 64).get("a", 0)
         lengths[model.verify_rows is None] = k
         assert time.seconds() == pytest.approx(model.predict_with_drafts(0, 1 + k, 1 + k, 21 * (1 + k), 0, 1 + k, k),
                                                rel=0.05)
     assert 0 < lengths[True] < lengths[False]
     assert CostModel(fit, verify_rows=rows).scaled(2.0).verify_rows.row_s(1, 64) == pytest.approx(0.010)
+
+
+def test_the_pricing_looks_past_a_row_that_does_not_pay_alone():
+    """The first drafted row costs as much as the decode (a kernel's 2-row path), the next ones 2 ms each:
+    one row alone lowers the step's rate, eight raise it 3x, so eight are verified."""
+    rows = VerifyRows((1, 2, 3, 5, 9), (64, 1024), ((0.040, 0.080, 0.082, 0.086, 0.094),) * 2)
+    seq = decode_request("a", last_token=0.0)
+    time = StepTime(CostModel((0.040, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), verify_rows=rows))
+    time.add_decodes([seq], now=0.0)
+    assert priced_lengths([offer(seq, 1, 0.95)], time, 1.0, 1, 64) == {}
+    assert priced_lengths([offer(seq, 8, 0.95)], time, 1.0, 1, 64) == {"a": 8}
+    assert time.seconds() == pytest.approx(0.094)
 
 
 def test_verification_steps_are_measured_and_survive_a_save(tiny_hf, tmp_path):

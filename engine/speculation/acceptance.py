@@ -1,49 +1,86 @@
-"""How likely a request's next drafted token is to be accepted, from what its verifications kept.
+"""How likely each drafted position of a request is to be kept, from what its verifications kept.
 
-A drafted position is taken as accepted with one probability a per request (a geometric run length:
-the j-th drafted token survives with a^j), estimated from decayed counts of accepted and rejected
-positions (a verification of d drafts keeping m observes m acceptances and, if m < d, one rejection;
-the positions after it are never tested). A request with no history starts from the acceptance of the
-requests before it (AcceptanceTracker), itself seeded by the `acceptance_prior` knob, so a workload
-whose drafts keep failing stops drafting for new requests too."""
+Drafts come in runs: where the output copies its input a draft tends to survive whole, and once the output
+leaves its source the next few fail. So the estimate is per drafted position j: the chance h_j that token j
+is kept given that the ones before it were (a hazard); the j-th survives with h_1 x ... x h_j. A
+verification of d drafts keeping m tests positions 1..min(m + 1, d) and keeps 1..m; the counts decay by
+`acceptance_decay` per verification. Each request's position j is its own count shrunk toward its pooled
+rate (every position it tested alike: a geometric run), so a position it never tested takes that rate; the
+pooled rate is shrunk toward the engine's over recent requests, itself seeded by the `acceptance_prior`
+knob, so a workload whose drafts keep failing stops drafting for new requests too. Counts are kept apart by
+whether the request's previous test kept every draft it tested ("in a run") or not: a run that has held
+tends to go on, one that has broken tends to break again."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-PRIOR_WEIGHT = 4.0    # the prior counts as this many observed positions in a request's estimate
+PRIOR_WEIGHT = 4.0    # a prior counts as this many tested positions against a request's own counts
 
 
 @dataclass
-class AcceptanceCounts:
-    accepted: float = 0.0
-    rejected: float = 0.0
+class RunCounts:
+    """Decayed counts per drafted position (index j - 1): verifications that tested it, and that kept it."""
+    tested: list[float] = field(default_factory=list)
+    kept: list[float] = field(default_factory=list)
 
-    def observe(self, drafted: int, accepted: int, decay: float) -> None:
-        self.accepted = decay * self.accepted + accepted
-        self.rejected = decay * self.rejected + (accepted < drafted)
+    def observe(self, drafted: int, kept: int, decay: float) -> None:
+        reached = min(kept + 1, drafted)
+        grow = reached - len(self.tested)
+        if grow > 0:
+            self.tested += [0.0] * grow
+            self.kept += [0.0] * grow
+        for j in range(len(self.tested)):
+            self.tested[j] = decay * self.tested[j] + (j < reached)
+            self.kept[j] = decay * self.kept[j] + (j < kept)
 
-    def rate(self, prior: float, weight: float = PRIOR_WEIGHT) -> float:
-        return (self.accepted + weight * prior) / (self.accepted + self.rejected + weight)
+    def pooled(self, prior: float) -> float:
+        """Kept over tested across every position: the geometric rate, shrunk toward `prior`."""
+        return (sum(self.kept) + PRIOR_WEIGHT * prior) / (sum(self.tested) + PRIOR_WEIGHT)
+
+    def hazards(self, prior: float, n: int) -> list[float]:
+        """h_1..h_n: each position's own counts shrunk toward `prior` (which positions never tested take)."""
+        tested, kept = self.tested, self.kept
+        return [(kept[j] + PRIOR_WEIGHT * prior) / (tested[j] + PRIOR_WEIGHT) if j < len(tested) else prior
+                for j in range(n)]
+
+
+@dataclass
+class RequestRuns:
+    in_run: bool = False                  # whether its previous test kept every draft it tested
+    counts: dict[bool, RunCounts] = field(default_factory=lambda: {False: RunCounts(), True: RunCounts()})
 
 
 class AcceptanceTracker:
-    """Per-request estimates, and the engine-wide one that new requests start from."""
+    """Per-request estimates, and the engine-wide ones that new requests start from."""
 
     def __init__(self) -> None:
-        self.overall = AcceptanceCounts()
-        self._requests: dict[str, AcceptanceCounts] = {}
+        self.overall = {False: RunCounts(), True: RunCounts()}
+        self._requests: dict[str, RequestRuns] = {}
+
+    def survival(self, request_id: str, prior: float, n: int) -> tuple[float, ...]:
+        """The chance that drafted tokens 1..n of the request's next proposal are all kept, for each
+        length: non-increasing."""
+        runs = self._requests.get(request_id) or RequestRuns()
+        start = self.overall[runs.in_run].pooled(prior)
+        counts = runs.counts[runs.in_run]
+        chance, out = 1.0, []
+        for h in counts.hazards(counts.pooled(start), n):
+            chance *= h
+            out.append(chance)
+        return tuple(out)
 
     def rate(self, request_id: str, prior: float) -> float:
-        start = self.overall.rate(prior)
-        counts = self._requests.get(request_id)
-        return start if counts is None else counts.rate(start)
+        """The chance its next drafted token is kept."""
+        return self.survival(request_id, prior, 1)[0]
 
-    def observe(self, request_id: str, drafted: int, accepted: int, decay: float) -> None:
+    def observe(self, request_id: str, drafted: int, kept: int, decay: float) -> None:
         if drafted <= 0:
             return
-        self._requests.setdefault(request_id, AcceptanceCounts()).observe(drafted, accepted, decay)
-        self.overall.observe(drafted, accepted, decay)
+        runs = self._requests.setdefault(request_id, RequestRuns())
+        runs.counts[runs.in_run].observe(drafted, kept, decay)
+        self.overall[runs.in_run].observe(drafted, kept, decay)
+        runs.in_run = kept >= drafted
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)

@@ -1,5 +1,5 @@
 """Each step's drafts: the drafter's proposals for the step's decodes, offered to the policy (which
-prices how many of each to verify, policies/draft_lengths.py) with each request's acceptance estimate,
+prices how many of each to verify, policies/draft_lengths.py) with each request's chance of keeping them,
 and kept until the scheduler lays out the verification rows."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ class Speculator:
         self._proposals: dict[str, list[int]] = {}     # this step's, by request
 
     def offers(self, decodes: Sequence, knobs: Knobs) -> list[DraftOffer]:
-        """The planned decodes that have a proposal, each with its length and acceptance estimate."""
+        """The planned decodes that have a proposal, each with the chance its drafts survive, by length."""
         self._proposals = {r.request_id: self._proposal(r, knobs.speculative_tokens) for r in decodes}
-        return [DraftOffer(r, len(self._proposals[r.request_id]),
-                           self.acceptance.rate(r.request_id, knobs.acceptance_prior))
+        return [DraftOffer(r, self.acceptance.survival(r.request_id, knobs.acceptance_prior,
+                                                       len(self._proposals[r.request_id])))
                 for r in decodes if self._proposals[r.request_id]]
 
     def drafted(self, request_id: str, k: int) -> list[int]:
