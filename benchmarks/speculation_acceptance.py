@@ -5,8 +5,12 @@ Each workload's requests run one at a time through the engine in this process, g
 end (max_tokens a cap), with every decode verifying all the drafter offers (fixed mode, --k tokens at
 most), so every decode that has a proposal is observed. Per workload:
 - match_rate: verifications over decode emissions (the share of decode steps with a proposal);
-- acceptance: the per-token keep probability of the geometric run length, by maximum likelihood over
+- acceptance: the per-token keep probability of a geometric run length, by maximum likelihood over
   every verification (kept tokens / (kept tokens + verifications that rejected one));
+- hazards: per drafted position j, the share of the verifications that reached it that kept it, apart for
+  the verifications after one of the same request that kept all it drafted (`held`) and the others
+  (`broken`, a request's first included): the run-length model the live estimate uses
+  (engine/speculation/acceptance.py) and the simulator draws from;
 - the histogram of kept tokens per verification, beside the geometric fit's, so the fit can be judged.
 
     .venv/bin/python benchmarks/speculation_acceptance.py --functions 24 --chat 8 \\
@@ -27,11 +31,15 @@ from speculation_single_stream import CHAT_PROMPTS
 def observe(engine: LLMEngine, prompts: list[list[int]], k: int, max_tokens: int) -> dict[str, Any]:
     engine.set_knobs(speculative_tokens=k, speculative_mode="fixed")
     verifications: list[tuple[int, int]] = []
+    states: list[bool] = []                   # whether the request's previous verification kept all it drafted
+    held: dict[str, bool] = {}
     speculator = engine.scheduler.speculator
     original = speculator.observe
 
     def record(request_id: str, drafted: int, kept: int, knobs) -> None:
         verifications.append((drafted, kept))
+        states.append(held.get(request_id, False))
+        held[request_id] = kept >= drafted
         original(request_id, drafted, kept, knobs)
 
     speculator.observe = record
@@ -41,7 +49,20 @@ def observe(engine: LLMEngine, prompts: list[list[int]], k: int, max_tokens: int
         while engine.has_unfinished():
             emissions += sum(1 for o in engine.step() if o.new_token_ids and len(o.token_ids) > len(o.new_token_ids))
     speculator.observe = original
-    return fit(verifications, emissions, k)
+    return fit(verifications, emissions, k) | {"hazards": {
+        "held": hazards([v for v, s in zip(verifications, states) if s], k),
+        "broken": hazards([v for v, s in zip(verifications, states) if not s], k)}}
+
+
+def hazards(verifications: list[tuple[int, int]], k: int) -> list[float]:
+    """Per drafted position 1..k: kept over reached, among verifications that reached it (a position none
+    reached takes the one before it; 0 where none was reached at all)."""
+    out: list[float] = []
+    for j in range(1, k + 1):
+        reached = sum(1 for d, m in verifications if d >= j and m >= j - 1)
+        kept = sum(1 for d, m in verifications if d >= j and m >= j)
+        out.append(round(kept / reached, 4) if reached else (out[-1] if out else 0.0))
+    return out
 
 
 def fit(verifications: list[tuple[int, int]], emissions: int, k: int) -> dict[str, Any]:
@@ -90,11 +111,14 @@ def main(argv: list[str] | None = None) -> None:
 
 def markdown(results: dict[str, Any]) -> str:
     lines = [f"Model: {results['model']}; every decode verifying up to {results['k']} drafted tokens.", "",
-             "| workload | decode steps | with a draft | acceptance per token | kept per verification (0..k) |",
-             "|---|---:|---:|---:|---|"]
+             "| workload | decode steps | with a draft | acceptance per token | kept per verification (0..k) "
+             "| kept at position 1..k after a held run | after a broken one |",
+             "|---|---:|---:|---:|---|---|---|"]
     for name, w in results["workloads"].items():
         hist = " ".join(str(v) for v in w["kept_histogram"].values())
-        lines.append(f"| {name} | {w['decode_emissions']} | {w['match_rate']:.0%} | {w['acceptance']:.2f} | {hist} |")
+        held, broken = (" ".join(f"{h:.2f}" for h in w["hazards"][s]) for s in ("held", "broken"))
+        lines.append(f"| {name} | {w['decode_emissions']} | {w['match_rate']:.0%} | {w['acceptance']:.2f} | {hist} "
+                     f"| {held} | {broken} |")
     return "\n".join(lines) + "\n"
 
 

@@ -9,14 +9,14 @@ Decode tokens per second = (completion tokens - 1) / (last token's arrival - fir
 the workload's requests, measured by the same client for every server.
 
 Servers, for each --models file:
-- this daemon (`serving.cli serve --no-tune`, one per model, its calibration at start-up), each
-  configuration set through POST /admin/scheduler: `off` (no speculation), `fixed-K` (every decode
+- this daemon (`serving.cli serve --no-tune`, one per model and --activations setting of its kernels,
+  its calibration at start-up), each configuration set through POST /admin/scheduler: `off` (no speculation), `fixed-K` (every decode
   verifies all K drafted tokens the prompt lookup offers), `adaptive-K` (the step loop's priced choice,
   at most K);
 - llama-server, one per configuration: `none`, its n-gram modes (`--spec-type`, from its --help) at each
   --llama-draft-max, and with --draft-model its draft model at each --llama-draft-max.
 Rounds alternate the servers (--rounds; medians over rounds). Greedy outputs of the daemon's
-configurations are compared with `off`'s: speculation must not change them.
+configurations are compared with `off`'s at the same activations: speculation must not change them.
 
     .venv/bin/python benchmarks/speculation_single_stream.py --llama-bin /work/llama-peer/bin \\
         --models ~/.cache/autotuned-models/qwen2.5-coder-0.5b.gguf --functions 12 --chat 6 \\
@@ -71,6 +71,7 @@ class Measured:
     config: str
     workload: str
     round: int
+    activations: str           # the daemon's kernel activations; "" for llama.cpp
     decode_tok_s: float        # summed over the workload's requests
     completion_tokens: int
     texts: list[str]
@@ -136,18 +137,26 @@ def llama_configs(args: argparse.Namespace) -> dict[str, list[str]]:
 
 def run_ours(args: argparse.Namespace, model: str, loads: dict[str, list[str]], round_: int,
              log_dir: Path) -> list[Measured]:
+    return [m for activations in args.activations
+            for m in run_daemon(args, model, activations, loads, round_, log_dir)]
+
+
+def run_daemon(args: argparse.Namespace, model: str, activations: str, loads: dict[str, list[str]], round_: int,
+               log_dir: Path) -> list[Measured]:
     url = f"http://127.0.0.1:{args.port}"
     state = tempfile.mkdtemp(prefix="spec-state-")
     cmd = [sys.executable, "-P", "-m", "serving.cli", "serve", "--host", "127.0.0.1", "--port", str(args.port),
-           "--no-tune", "--state-dir", state] + ([] if model == "bundled" else ["--model", model])
+           "--no-tune", "--state-dir", state, "--kernel-activations", activations] \
+        + ([] if model == "bundled" else ["--model", model])
     out = []
-    with running(cmd, f"{url}/health", log_dir / f"ours-{Path(model).stem}-{round_}.log", "daemon", cwd=ROOT):
+    with running(cmd, f"{url}/health", log_dir / f"ours-{Path(model).stem}-{activations}-{round_}.log", "daemon",
+                 cwd=ROOT):
         for config, knobs in config_knobs(args.ours).items():
             httpx.post(f"{url}/admin/scheduler", json={"knobs": knobs}, timeout=30).raise_for_status()
             for workload, messages in loads.items():
                 rate, tokens, texts = measure(url, messages, args.max_tokens)
-                out.append(Measured("ours", config, workload, round_, rate, tokens, texts))
-                print(f"ours {config} {workload}: {rate:.1f} tok/s", flush=True)
+                out.append(Measured("ours", config, workload, round_, activations, rate, tokens, texts))
+                print(f"ours {config} {activations} {workload}: {rate:.1f} tok/s", flush=True)
     return out
 
 
@@ -163,7 +172,7 @@ def run_llama(args: argparse.Namespace, model: str, loads: dict[str, list[str]],
                      env=peer_env()):
             for workload, messages in loads.items():
                 rate, tokens, texts = measure(url, messages, args.max_tokens)
-                out.append(Measured("llama.cpp", config, workload, round_, rate, tokens, texts))
+                out.append(Measured("llama.cpp", config, workload, round_, "", rate, tokens, texts))
                 print(f"llama.cpp {config} {workload}: {rate:.1f} tok/s", flush=True)
     return out
 
@@ -176,16 +185,18 @@ def llama_version(args: argparse.Namespace) -> str:
 def summarize(measured: list[Measured]) -> list[dict[str, Any]]:
     """Median over rounds per server, config and workload, with the daemon's greedy texts checked against
     its `off` configuration's."""
-    groups: dict[tuple[str, str, str], list[Measured]] = {}
+    groups: dict[tuple[str, str, str, str], list[Measured]] = {}
     for m in measured:
-        groups.setdefault((m.server, m.config, m.workload), []).append(m)
-    reference = {(m.workload, m.round): m.texts for m in measured if m.server == "ours" and m.config == "off"}
+        groups.setdefault((m.server, m.config, m.activations, m.workload), []).append(m)
+    reference = {(m.workload, m.activations, m.round): m.texts for m in measured
+                 if m.server == "ours" and m.config == "off"}
     rows = []
-    for (server, config, workload), ms in groups.items():
+    for (server, config, activations, workload), ms in groups.items():
         same = None
         if server == "ours":
-            same = sum(a == b for m in ms for a, b in zip(m.texts, reference.get((workload, m.round), ())))
-        rows.append({"server": server, "config": config, "workload": workload,
+            same = sum(a == b for m in ms
+                       for a, b in zip(m.texts, reference.get((workload, activations, m.round), ())))
+        rows.append({"server": server, "config": config, "activations": activations, "workload": workload,
                      "decode_tok_s": statistics.median(m.decode_tok_s for m in ms),
                      "rounds": [m.decode_tok_s for m in ms], "completion_tokens": ms[0].completion_tokens,
                      "requests": len(ms[0].texts), "same_as_off": same})
@@ -193,15 +204,19 @@ def summarize(measured: list[Measured]) -> list[dict[str, Any]]:
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per workload: the daemon's best speculative config over its `off`, and over llama.cpp's best."""
+    """Per workload and the daemon's activations: its best adaptive config over its `off` at the same
+    activations, and over llama.cpp's best."""
     found = {}
-    for workload in sorted({r["workload"] for r in rows}):
+    for workload, activations in sorted({(r["workload"], r.get("activations", "int16")) for r in rows
+                                         if r["server"] == "ours"}):
         of = [r for r in rows if r["workload"] == workload]
-        off = next(r["decode_tok_s"] for r in of if r["server"] == "ours" and r["config"] == "off")
-        adaptive = [r for r in of if r["server"] == "ours" and r["config"].startswith("adaptive")]
+        mine = [r for r in of if r["server"] == "ours" and r.get("activations", "int16") == activations]
+        off = next(r["decode_tok_s"] for r in mine if r["config"] == "off")
+        adaptive = [r for r in mine if r["config"].startswith("adaptive")]
         llama = [r["decode_tok_s"] for r in of if r["server"] == "llama.cpp"]
         best_adaptive = max(adaptive, key=lambda r: r["decode_tok_s"]) if adaptive else None
-        found[workload] = {"adaptive_config": best_adaptive["config"] if best_adaptive else None,
+        key = workload if activations == "int16" else f"{workload}, {activations} activations"
+        found[key] = {"adaptive_config": best_adaptive["config"] if best_adaptive else None,
                            "adaptive_over_off": best_adaptive["decode_tok_s"] / off if best_adaptive else None,
                            "adaptive_over_llama_best": (best_adaptive["decode_tok_s"] / max(llama)
                                                         if best_adaptive and llama else None)}
@@ -217,6 +232,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-draft-max", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--draft-model", default=None, help="a GGUF llama-server drafts with (-md), same tokenizer")
     p.add_argument("--ours", default="off,fixed:4,fixed:8,adaptive:8,adaptive:16")
+    p.add_argument("--activations", nargs="+", default=["int16"], choices=["int16", "int8"],
+                   help="the daemon's --kernel-activations: one daemon each, every --ours config on each")
     p.add_argument("--functions", type=int, default=12)
     p.add_argument("--chat", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=512)
@@ -256,7 +273,8 @@ def markdown(results: dict[str, Any]) -> str:
         for r in sorted(m["rows"], key=lambda r: (r["workload"], r["server"] != "ours", -r["decode_tok_s"])):
             same = "" if r["same_as_off"] is None else f"{r['same_as_off']}/{r['requests'] * len(r['rounds'])}"
             server = "daemon" if r["server"] == "ours" else r["server"]
-            lines.append(f"| {server} | {r['config']} | {r['workload']} | {r['decode_tok_s']:.1f} | {same} |")
+            config = r["config"] + (f" ({r['activations']})" if r.get("activations") == "int8" else "")
+            lines.append(f"| {server} | {config} | {r['workload']} | {r['decode_tok_s']:.1f} | {same} |")
         lines.append("")
         for workload, q in m["ratios"].items():
             if q["adaptive_over_off"] is None:

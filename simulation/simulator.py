@@ -206,12 +206,13 @@ class Simulator:
         if self.scatter:
             duration *= self.scatter.factor()
         self.now += duration
-        kept = {s.request.request_id: self.drafter.kept(s.num_drafts) for s in result.scheduled if s.num_drafts} \
+        kept = {s.request.request_id: self.drafter.kept(s.request.request_id, s.num_drafts)
+                for s in result.scheduled if s.num_drafts} \
             if result.num_draft_tokens else {}
         self.scheduler.commit(result, kept)
         if self.drafter is not None:
             for request_id, _ in self.scheduler.speculator.untested(result.scheduled):
-                self.scheduler.speculator.observe(request_id, 1, self.drafter.kept(1), result.knobs)
+                self.scheduler.speculator.observe(request_id, 1, self.drafter.kept(request_id, 1), result.knobs)
         gaps: list[float] | None = [] if self.step_listeners else None
         num_sampled, num_finished = self._emit_tokens(result, gaps, kept)
         record = None

@@ -27,6 +27,7 @@ from policies import Knobs
 from policies.deadline import StepTime
 from policies.draft_lengths import DraftOffer, priced_lengths
 from simulation.cost_model import CostModel
+from simulation.speculation_model import SimulatedDrafter, SpeculationModel, workload_speculation
 from simulation.verify_rows import ROWS as VERIFY_ROWS, VerifyRows, measure_verify_rows
 from tests.conftest import assert_no_kv_leak, make_engine
 from tests.test_prefix_cache import ACTIONS, check_pool
@@ -503,3 +504,25 @@ def test_logprobs_come_one_per_token_and_equal_those_without_speculation(tiny_hf
     stopped = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=2, stop_token_ids=(stop,))
     tokens, logprobs = run(stopped, 6)
     assert tokens == reference[:reference.index(stop) + 1] and len(logprobs) == len(tokens)
+
+
+# -- the simulator's drafter --
+
+def test_the_simulated_drafter_draws_runs_that_hold_or_break_as_measured():
+    model = SpeculationModel(1.0, 0.5, held=(0.95,) * 4, broken=(0.3, 0.9))
+    drafter = SimulatedDrafter(model, seed=1)
+    after = {True: [], False: []}
+    held = False
+    for _ in range(4000):
+        kept = drafter.kept("a", 8)
+        after[held].append(kept)
+        held = kept == 8
+    assert sum(k == 8 for k in after[True]) / len(after[True]) == pytest.approx(0.95 ** 8, abs=0.05)
+    assert sum(k > 0 for k in after[False]) / len(after[False]) == pytest.approx(0.3, abs=0.03)
+    assert SpeculationModel(1.0, 0.7).chance(True, 5) == 0.7          # no positions measured: geometric
+
+
+def test_the_shipped_speculation_model_has_measured_positions_per_workload():
+    code, chat = workload_speculation("code-editing"), workload_speculation("chat")
+    assert len(code.held) == len(code.broken) > 1
+    assert code.match_rate > chat.match_rate and code.chance(True, 1) > code.chance(False, 1)
