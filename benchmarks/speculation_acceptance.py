@@ -25,6 +25,7 @@ from typing import Any
 
 import results_file
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.speculation.acceptance import RunCounts
 from speculation_single_stream import CHAT_PROMPTS
 
 
@@ -55,13 +56,15 @@ def observe(engine: LLMEngine, prompts: list[list[int]], k: int, max_tokens: int
 
 
 def hazards(verifications: list[tuple[int, int]], k: int) -> list[float]:
-    """Per drafted position 1..k: kept over reached, among verifications that reached it (a position none
-    reached takes the one before it; 0 where none was reached at all)."""
+    """Per drafted position 1..k: kept over reached, among verifications that reached it (counted as the
+    live estimate counts them, undecayed; a position none reached takes the one before it, 0 if none)."""
+    counts = RunCounts()
+    for drafted, kept in verifications:
+        counts.observe(drafted, kept, decay=1.0)
     out: list[float] = []
-    for j in range(1, k + 1):
-        reached = sum(1 for d, m in verifications if d >= j and m >= j - 1)
-        kept = sum(1 for d, m in verifications if d >= j and m >= j)
-        out.append(round(kept / reached, 4) if reached else (out[-1] if out else 0.0))
+    for j in range(k):
+        reached = j < len(counts.tested) and counts.tested[j] > 0
+        out.append(round(counts.kept[j] / counts.tested[j], 4) if reached else (out[-1] if out else 0.0))
     return out
 
 

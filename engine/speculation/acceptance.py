@@ -51,6 +51,9 @@ class RequestRuns:
     counts: dict[bool, RunCounts] = field(default_factory=lambda: {False: RunCounts(), True: RunCounts()})
 
 
+NO_HISTORY = RequestRuns()      # read only: a request not yet tested
+
+
 class AcceptanceTracker:
     """Per-request estimates, and the engine-wide ones that new requests start from."""
 
@@ -61,7 +64,7 @@ class AcceptanceTracker:
     def survival(self, request_id: str, prior: float, n: int) -> tuple[float, ...]:
         """The chance that drafted tokens 1..n of the request's next proposal are all kept, for each
         length: non-increasing."""
-        runs = self._requests.get(request_id) or RequestRuns()
+        runs = self._requests.get(request_id) or NO_HISTORY
         start = self.overall[runs.in_run].pooled(prior)
         counts = runs.counts[runs.in_run]
         chance, out = 1.0, []
