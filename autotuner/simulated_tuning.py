@@ -14,13 +14,14 @@ from optuna.trial import TrialState
 
 from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings, chosen_configuration
 from autotuner.search_space import SearchSpace, load_search_space
-from autotuner.static_grid import grid_points
+from autotuner.static_grid import grid_points, speculation_points
 from simulation.workload_run import make_simulator, shares_prefixes, simulate
 from autotuner.targets import SimulatedTarget
 from autotuner.tuner_state import TunerState
 from autotuner.warm_start import SimulatorWarmStart, slo_token_budget
 from loadgen.workload import RequestSpec
 from simulation.cost_model import CostModel
+from simulation.speculation_model import SpeculationModel
 from engine.outputs import RequestRecord
 from engine.scheduling.error_budget import HORIZON_S as ERROR_BUDGET_HORIZON_S
 from policies import Knobs
@@ -48,8 +49,9 @@ class RunResult:
 
 
 def evaluate_static(specs: list[RequestSpec], cost: CostModel, policy: str, knobs: Knobs, slo: SloClass,
-                    error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S) -> RunResult:
-    run = simulate(specs, cost, policy, knobs, slo, error_budget_horizon_s)
+                    error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S,
+                    speculation: SpeculationModel | None = None) -> RunResult:
+    run = simulate(specs, cost, policy, knobs, slo, error_budget_horizon_s, speculation)
     return RunResult(run.summary.goodput_rps, run.summary.slo_attainment, violating_bin_fraction(run.records, slo),
                      run.summary.duration_s, good_by_phase(specs, run.records, slo))
 
@@ -67,20 +69,30 @@ def per_phase_best_knobs(grid: list[tuple[dict[str, Any], RunResult]]) -> dict[s
 
 
 def static_grid(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str, slo: SloClass,
-                error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S) -> list[tuple[dict[str, Any], RunResult]]:
-    """Every configuration of the policy's offline grid, each run over the whole workload."""
-    grid = []
-    for point in grid_points(policy):
-        params = point | space.clamp(Knobs().as_dict() | point)     # the tuned knobs on the space's grid
-        knobs = Knobs().replace(**params)
-        grid.append((params, evaluate_static(specs, cost, policy, knobs, slo, error_budget_horizon_s)))
-    return grid
+                error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S,
+                speculation: SpeculationModel | None = None) -> list[tuple[dict[str, Any], RunResult]]:
+    """Every configuration of the policy's offline grid, each run over the whole workload, speculation
+    off; with a drafter (`speculation`), then each speculation setting (static_grid.speculation_points)
+    on the best of those: the grid's points cross them would be six times the runs."""
+    def run(params: dict[str, Any]) -> RunResult:
+        return evaluate_static(specs, cost, policy, Knobs().replace(**params), slo, error_budget_horizon_s,
+                               speculation)
+
+    grid = [(params, run(params)) for params in
+            (point | space.clamp(Knobs().as_dict() | point) for point in grid_points(policy))]
+    if speculation is None:
+        return grid
+    best_params, _ = best_of(grid)
+    defaults = Knobs().as_dict() | best_params
+    return grid + [(best_params | point, run(best_params | point)) for point in speculation_points()
+                   if defaults | point != defaults]        # off: run already
 
 
 def best_static(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str, slo: SloClass,
-                error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S) -> tuple[dict[str, Any], RunResult]:
+                error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S,
+                speculation: SpeculationModel | None = None) -> tuple[dict[str, Any], RunResult]:
     """Offline grid search on the whole workload: the best single configuration in hindsight."""
-    return best_of(static_grid(specs, cost, space, policy, slo, error_budget_horizon_s))
+    return best_of(static_grid(specs, cost, space, policy, slo, error_budget_horizon_s, speculation))
 
 
 def best_of(grid: list[tuple[dict[str, Any], RunResult]]) -> tuple[dict[str, Any], RunResult]:
@@ -121,16 +133,19 @@ def bin_verdicts(records: list[RequestRecord], slo: SloClass, bin_s: float = BIN
 
 def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SloClass,
                       settings: ControllerSettings, space: SearchSpace | None = None, seed: int = 0,
-                      initial: Knobs | None = None, initial_policy: str | None = None
+                      initial: Knobs | None = None, initial_policy: str | None = None,
+                      speculation: SpeculationModel | None = None
                       ) -> tuple[Controller, list[RequestRecord], float]:
     """Serve `specs` on the simulator with the controller retuning it window after window, starting
     from `initial_policy` (default: the tuned policy) with `initial` knobs (default: Knobs()). The
     error budget, the simulated engine's and the warm start's, spends over the controller's context
-    window, as in the daemon."""
+    window, as in the daemon; `speculation`: how the workload's drafts fare, for the simulated engine
+    and the warm start's runs alike (None: no drafter)."""
     space = space or load_search_space()
     horizon = settings.context_window_s
     sim = make_simulator(cost, initial_policy or settings.policy, initial or Knobs(), slo,
-                         prefix_caching=shares_prefixes(specs), error_budget_horizon_s=horizon)
+                         prefix_caching=shares_prefixes(specs), error_budget_horizon_s=horizon,
+                         speculation=speculation)
     telemetry = TelemetryWindow(slo, clock=lambda: sim.now)
     target = SimulatedTarget(sim, telemetry)
     records: list[RequestRecord] = []
@@ -138,7 +153,7 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
     warm = SimulatorWarmStart(lambda: cost, space, slo, settings.policy, target.knobs,
                               lambda s: telemetry.recent_requests(s, now=sim.now), settings.warm_start_trials,
                               settings.warm_start_enqueue, seed, error_budget_horizon_s=horizon,
-                              base_policy=target.policy)
+                              base_policy=target.policy, speculation=speculation)
     controller = Controller(target, space, TunerState(state_dir, seed), slo, settings, warm)
     controller.cold_start(slo_token_budget(cost, slo, space, SLO_HEADROOM))
     sim.submit(specs)
@@ -150,16 +165,20 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
 
 
 def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SloClass,
-            settings: ControllerSettings, seed: int = 0, ablation: bool = True) -> dict[str, Any]:
+            settings: ControllerSettings, seed: int = 0, ablation: bool = True,
+            speculation: SpeculationModel | None = None, initial: Knobs | None = None) -> dict[str, Any]:
     """The JSON summary of `tune --simulate`. `ablation`: also the plain-budget grid (the tuned
     policy's inner loop off), 21 more runs of the whole workload. Every run's error budget spends
-    over the controller's context window, the tuned run's horizon."""
+    over the controller's context window, the tuned run's horizon; `speculation`: the workload's
+    drafts, for the tuned run (from `initial` knobs) and the tuned policy's grid (the baselines
+    and the plain-budget grid do not draft)."""
     space = load_search_space(max_token_budget=None)
-    controller, records, end = tune_on_simulator(specs, cost, state_dir, slo, settings, space, seed)
+    controller, records, end = tune_on_simulator(specs, cost, state_dir, slo, settings, space, seed, initial,
+                                                 speculation=speculation)
     duration = end - specs[0].arrival_s
     tuned = summarize_requests(records, slo, duration)
     horizon = settings.context_window_s
-    grid = static_grid(specs, cost, space, settings.policy, slo, horizon)
+    grid = static_grid(specs, cost, space, settings.policy, slo, horizon, speculation)
     static_params, static = best_of(grid)
     baselines = {name: evaluate_static(specs, cost, policy, knobs, slo, horizon)
                  for name, (policy, knobs) in VLLM_DEFAULTS.items()}

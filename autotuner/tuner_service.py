@@ -20,6 +20,7 @@ from simulation.cost_model_files import find_cost_model
 from autotuner.targets import EngineTarget
 from autotuner.tuner_state import TunerState, storage_reason
 from autotuner.warm_start import SimulatorWarmStart, background_runner, search, slo_token_budget
+from simulation.speculation_model import workload_speculation
 from simulation.live_cost_model import LiveCostModel
 from engine.llm_engine import LLMEngine
 from telemetry.prometheus import P
@@ -140,7 +141,8 @@ class TunerService:
         warm = SimulatorWarmStart(self.cost.current, self.space, self.slo, s.policy, target.knobs,
                                   telemetry.recent_requests, s.warm_start_trials, s.warm_start_enqueue,
                                   runner=background_runner(self._simulating) if self._simulating else search,
-                                  error_budget_horizon_s=s.context_window_s, base_policy=target.policy)
+                                  error_budget_horizon_s=s.context_window_s, base_policy=target.policy,
+                                  speculation=workload_speculation("observed"))
         controller = Controller(target, self.space, state, self.slo, self.settings, warm, failures=self.failures)
         controller.listeners.append(self.metrics.on_decision)
         if self._sampling:

@@ -20,7 +20,7 @@ from autotuner.regime import Regime
 from autotuner.search_space import SearchSpace
 from autotuner.static_grid import grid_points
 from simulation.workload_run import simulate
-from simulation.speculation_model import SpeculationModel, workload_speculation
+from simulation.speculation_model import SpeculationModel
 from loadgen.workload import RequestSpec
 from simulation.cost_model import CostModel
 from simulation.step_scatter import factor_at, sigma_of
@@ -124,7 +124,8 @@ class WarmStartJob:
     seed: int = 0
     error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S   # the controller's context window, as the engine's
     serving_policy: str | None = None   # the engine's policy now, where it is not `policy` (a start on another)
-    # how drafts fare (configs/speculation.yaml's default workload, measured live): prices the speculation knobs
+    # how drafts fare (the daemon: configs/speculation.yaml's default workload, measured live): prices the
+    # speculation knobs; None: the simulated engine has no drafter
     speculation: SpeculationModel | None = None
 
 
@@ -279,8 +280,9 @@ class SimulatorWarmStart:
                  base_knobs: Callable[[], Knobs], samples: Callable[[float], list[RequestRecord]], trials: int,
                  keep: int, seed: int = 0, runner: Runner = search,
                  error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S,
-                 base_policy: Callable[[], str] | None = None) -> None:
+                 base_policy: Callable[[], str] | None = None, speculation: SpeculationModel | None = None) -> None:
         self.cost, self.space, self.slo, self.policy = cost, space, slo, policy
+        self.speculation = speculation         # how the served workload's drafts fare; None: no drafter
         self.base_knobs, self.samples = base_knobs, samples
         self.base_policy = base_policy or (lambda: policy)       # the engine's policy now
         self.trials, self.keep, self.seed, self.runner = trials, keep, seed, runner
@@ -307,7 +309,7 @@ class SimulatorWarmStart:
                             self.space, self.slo, self.policy, knobs,
                             [(r.num_prompt_tokens, r.num_output_tokens, r.num_cached_tokens) for r in samples],
                             observed.arrival_rate_rps, self.trials, self.keep, self.seed,
-                            self.error_budget_horizon_s, self.base_policy(), workload_speculation("observed"))
+                            self.error_budget_horizon_s, self.base_policy(), self.speculation)
 
 
 def scatter_line(scatter: tuple[float, ...]) -> str:

@@ -128,6 +128,9 @@ def add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     add_what_if_slo_flags(tune)
     tune.add_argument("--no-ablation", action="store_true",
                       help="skip the plain-budget grid (best_static_plain_budget): 21 fewer runs of the workload")
+    tune.add_argument("--no-speculation", action="store_true",
+                      help="simulate without a drafter (default: prompt lookup, drafts faring as "
+                      "configs/speculation.yaml measured for the workload)")
 
     ctl = sub.add_parser("tuner", help="pause, resume or pin a running daemon's tuner, or show its status")
     ctl.add_argument("action", choices=["status", "pause", "resume", "pin"])
@@ -195,6 +198,7 @@ def run_tune(args: argparse.Namespace) -> None:
     from autotuner.controller import ControllerSettings
     from autotuner.simulated_tuning import compare
     from simulation.cost_model_files import resolve_cost_model
+    from simulation.speculation_model import workload_speculation
     from loadgen.workload import generate, load_workload
 
     if not args.duration > 0:
@@ -206,8 +210,9 @@ def run_tune(args: argparse.Namespace) -> None:
     if not specs:
         raise ValueError("the workload produced no requests; raise --duration or --qps")
     start = time.perf_counter()
+    speculation = None if args.no_speculation else workload_speculation(workload.name)
     result = compare(specs, cost, args.state_dir, slo, ControllerSettings.load(), args.seed,
-                     ablation=not args.no_ablation)
+                     ablation=not args.no_ablation, speculation=speculation)
     print(json.dumps({"workload": args.workload, **slo_fields(slo), **rate_fields(rate), "cost_model": cost_model_label(cost, args.profile),
                       **result,
                       "wall_s": round(time.perf_counter() - start, 1)}, indent=2, default=str))
