@@ -28,6 +28,11 @@ over processes and resumed (pairs already in the file are skipped).
     python benchmarks/zero_config.py --hardware cpu --out docs/results/zero_config.jsonl
     python benchmarks/zero_config.py --hardware h100-llama3.1-8b --workloads chat shift --out ...
     python benchmarks/zero_config.py --hardware cpu --workloads summarization --grid-floor --out ...
+    python benchmarks/zero_config.py --speculation --workloads code-editing chat --out docs/results/zero_config_speculation.jsonl
+
+--speculation: every run drafts as configs/speculation.yaml measured for the workload (prompt lookup);
+the static grid adds the speculation settings (off, fixed 2/4/8, the priced choice at 8 and 16) on
+its best point without them, and the starts add one verifying 8 drafts on every decode (`fixed-8`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +62,7 @@ from serving.settings import Settings
 from simulation.cost_model_files import resolve_cost_model
 from simulation.profile_cost_model import StepTimeModel
 from simulation.relative_load import simulated_capacity
+from simulation.speculation_model import SpeculationModel, workload_speculation
 from simulation.workload_run import simulate
 from telemetry.latency_summary import summarize_requests
 from engine.slo_class import SloClass, shipped_slo_classes
@@ -72,6 +78,8 @@ WORKLOADS = ("chat", "summarization", "mixed-classes", "chat-system-prompt", "mu
 WRONG_STARTS = {"sarathi-32": ("sarathi", {"token_budget": 32}),
                 "prefill-first-8192": ("prefill-first", {"token_budget": 8192}),
                 "deadline-headroom-0.5": ("deadline", {"token_budget": 2048, "step_headroom": 0.5})}
+# with a drafter: every decode verifying 8 drafts whatever the load (vLLM's num_speculative_tokens)
+SPECULATION_WRONG_STARTS = {"fixed-8": ("deadline", {"speculative_tokens": 8, "speculative_mode": "fixed"})}
 # a summarization prompt (1,000-4,000 tokens; sharegpt4's in diurnal, up to 7,168; shift's middle phase) takes
 # seconds to prefill alone on the 2-core CPU, so those cells on the CPU run at the TTFT target of the shipped
 # `batch` class (configs/slo_classes.yaml: "summarization, offline jobs"; 30 s). At 10 s
@@ -107,11 +115,12 @@ class Start:
     knobs: Knobs
 
 
-def starts() -> list[Start]:
-    """The daemon's defaults (serving/settings.py), then the wrong starts."""
+def starts(speculation: bool = False) -> list[Start]:
+    """The daemon's defaults (serving/settings.py), then the wrong starts (with a drafter, one more)."""
     defaults = Settings()
+    wrong = WRONG_STARTS | (SPECULATION_WRONG_STARTS if speculation else {})
     out = [Start("defaults", defaults.policy, defaults.knob_values())]
-    return out + [Start(name, policy, Knobs().replace(**knobs)) for name, (policy, knobs) in WRONG_STARTS.items()]
+    return out + [Start(name, policy, Knobs().replace(**knobs)) for name, (policy, knobs) in wrong.items()]
 
 
 def cpu_calibration() -> str:
@@ -180,16 +189,17 @@ def earliest_convergence_bin(changes: list[ConfigurationChange], start_loses: bo
 
 def run_cell(specs: list[RequestSpec], cost: StepTimeModel, slo: SloClass, start: Start,
              static_records: list[RequestRecord], static_good: np.ndarray, static_goodput: float, ends: list[int],
-             seed: int) -> dict[str, Any]:
+             seed: int, speculation: SpeculationModel | None = None) -> dict[str, Any]:
     """One start: tuned from it, and left alone."""
     with tempfile.TemporaryDirectory() as state:
         t0 = time.perf_counter()
         controller, records, end = tune_on_simulator(specs, cost, state, slo, ControllerSettings.load(),
                                                      load_search_space(max_token_budget=None), seed,
-                                                     initial=start.knobs, initial_policy=start.policy)
+                                                     initial=start.knobs, initial_policy=start.policy,
+                                                     speculation=speculation)
         wall = time.perf_counter() - t0
     tuned = summarize_requests(records, slo, end - specs[0].arrival_s)
-    alone = evaluate_static(specs, cost, start.policy, start.knobs, slo)
+    alone = evaluate_static(specs, cost, start.policy, start.knobs, slo, speculation=speculation)
     good = good_by_arrival(specs, records, slo, BIN_S)
     changes = controller.target.changes
     earliest = earliest_convergence_bin(changes, alone.goodput_rps < CONVERGED * static_goodput, BIN_S)
@@ -226,14 +236,16 @@ def run_pair(hardware: str, workload: str, args: argparse.Namespace) -> dict[str
     qps = args.load * capacity
     duration = max(args.duration, args.min_requests / qps)      # a low rate needs longer to say anything
     specs = generate(wl, qps=qps, duration_s=duration, seed=args.seed)
-    grid = static_grid(specs, cost, load_search_space(max_token_budget=None), "deadline", slo)
+    drafts = workload_speculation(workload) if args.speculation else None
+    grid = static_grid(specs, cost, load_search_space(max_token_budget=None), "deadline", slo, speculation=drafts)
     best_params, best = best_of(grid)
-    static_records = simulate(specs, cost, "deadline", Knobs().replace(**best_params), slo).records
+    static_records = simulate(specs, cost, "deadline", Knobs().replace(**best_params), slo, speculation=drafts).records
     static_good = good_by_arrival(specs, static_records, slo, BIN_S)
     ends = window_ends(arrivals_by_bin(specs, BIN_S), BIN_S)
-    cells = [run_cell(specs, cost, slo, s, static_records, static_good, best.goodput_rps, ends, args.seed)
-             for s in starts()]
+    cells = [run_cell(specs, cost, slo, s, static_records, static_good, best.goodput_rps, ends, args.seed, drafts)
+             for s in starts(args.speculation)]
     return {"hardware": hardware, "workload": workload, "slo": {"ttft_s": slo.ttft_s, "tbt_s": slo.tbt_s},
+            **({"speculation": asdict(drafts)} if drafts else {}),
             "capacity_qps": capacity, "load": args.load, "qps": qps, "num_requests": len(specs),
             "duration_s": duration, "window": {"min_s": RATE_WINDOW_S, "min_arrivals": WINDOW_REQUESTS},
             "best_static_knobs": best_params,
@@ -275,10 +287,12 @@ def provenance() -> dict[str, dict]:
     return {"meta": results_file.meta()}
 
 
-def done_pairs(out: Path) -> set[tuple[str, str]]:
+def done_pairs(out: Path) -> set[tuple[str, str, bool]]:
+    """(hardware, workload, with a drafter) of the rows already in `out`."""
     if not out.exists():
         return set()
-    return {(r["hardware"], r["workload"]) for r in map(json.loads, out.read_text().splitlines()) if "cells" in r}
+    return {(r["hardware"], r["workload"], "speculation" in r)
+            for r in map(json.loads, out.read_text().splitlines()) if "cells" in r}
 
 
 def parse_args() -> argparse.Namespace:
@@ -299,6 +313,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gpu-slo-tbt-s", type=float, default=0.1, help="TBT SLO on GPU profiles (default 0.1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="JSON lines, one per (hardware, workload); appended")
+    p.add_argument("--speculation", action="store_true", help="every run drafts as configs/speculation.yaml "
+                   "measured for the workload; the grid and the starts gain speculation settings")
     p.add_argument("--grid-floor", action="store_true", help="instead of the cells: each static grid configuration "
                    "judged by the convergence criterion against the best one (what holding it from the start scores)")
     return p.parse_args()
@@ -315,7 +331,7 @@ def main() -> None:
                 with out.open("a") as f:
                     f.write(json.dumps(grid_floor(hardware, workload, args) | provenance()) + "\n")
                 continue
-            if (hardware, workload) in done:
+            if (hardware, workload, args.speculation) in done:
                 continue
             t0 = time.perf_counter()
             result = run_pair(hardware, workload, args) | provenance() | {"wall_s":
