@@ -12,10 +12,11 @@ import optuna
 import yaml
 
 from policies import POLICIES
-from policies.knobs import KNOB_SPECS, Knobs
+from policies.knobs import DAEMON_KNOBS, KNOB_SPECS, Knobs
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tuning.yaml"
-DEFAULT_KNOBS = Knobs().as_dict()
+SHIPPED_KNOBS = Knobs(**DAEMON_KNOBS)      # what the daemon serves untold, and the tuner falls back to
+DEFAULT_KNOBS = SHIPPED_KNOBS.as_dict()
 
 
 @dataclass(frozen=True)

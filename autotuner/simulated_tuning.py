@@ -13,7 +13,7 @@ import numpy as np
 from optuna.trial import TrialState
 
 from autotuner.controller import SLO_HEADROOM, Controller, ControllerSettings, chosen_configuration
-from autotuner.search_space import SearchSpace, load_search_space
+from autotuner.search_space import DEFAULT_KNOBS, SHIPPED_KNOBS, SearchSpace, load_search_space
 from autotuner.static_grid import grid_points, speculation_points
 from simulation.workload_run import make_simulator, shares_prefixes, simulate
 from autotuner.targets import SimulatedTarget
@@ -71,21 +71,22 @@ def per_phase_best_knobs(grid: list[tuple[dict[str, Any], RunResult]]) -> dict[s
 def static_grid(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str, slo: SloClass,
                 error_budget_horizon_s: float = ERROR_BUDGET_HORIZON_S,
                 speculation: SpeculationModel | None = None) -> list[tuple[dict[str, Any], RunResult]]:
-    """Every configuration of the policy's offline grid, each run over the whole workload, speculation
-    off; with a drafter (`speculation`), then each speculation setting (static_grid.speculation_points)
-    on the best of those: the grid's points cross them would be six times the runs."""
+    """Every configuration of the policy's offline grid over the daemon's shipped knobs, each run over the
+    whole workload; with a drafter (`speculation`), then each other speculation setting
+    (static_grid.speculation_points) on the best of those: the grid's points crossed with them would
+    be six times the runs."""
     def run(params: dict[str, Any]) -> RunResult:
-        return evaluate_static(specs, cost, policy, Knobs().replace(**params), slo, error_budget_horizon_s,
+        return evaluate_static(specs, cost, policy, SHIPPED_KNOBS.replace(**params), slo, error_budget_horizon_s,
                                speculation)
 
     grid = [(params, run(params)) for params in
-            (point | space.clamp(Knobs().as_dict() | point) for point in grid_points(policy))]
+            (point | space.clamp(DEFAULT_KNOBS | point) for point in grid_points(policy))]
     if speculation is None:
         return grid
     best_params, _ = best_of(grid)
-    defaults = Knobs().as_dict() | best_params
+    best = DEFAULT_KNOBS | best_params
     return grid + [(best_params | point, run(best_params | point)) for point in speculation_points()
-                   if defaults | point != defaults]        # off: run already
+                   if best | point != best]        # the shipped setting ran in the grid
 
 
 def best_static(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str, slo: SloClass,

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from autotuner.controller import ControllerSettings
-from autotuner.search_space import load_search_space
+from autotuner.search_space import DEFAULT_KNOBS, SHIPPED_KNOBS, load_search_space
 from autotuner.simulated_tuning import (BIN_S, best_of, evaluate_static, static_grid, tune_on_simulator,
                                         violating_bin_fraction)
 from autotuner.static_grid import grid_points
@@ -239,7 +239,7 @@ def run_pair(hardware: str, workload: str, args: argparse.Namespace) -> dict[str
     drafts = workload_speculation(workload) if args.speculation else None
     grid = static_grid(specs, cost, load_search_space(max_token_budget=None), "deadline", slo, speculation=drafts)
     best_params, best = best_of(grid)
-    static_records = simulate(specs, cost, "deadline", Knobs().replace(**best_params), slo, speculation=drafts).records
+    static_records = simulate(specs, cost, "deadline", SHIPPED_KNOBS.replace(**best_params), slo, speculation=drafts).records
     static_good = good_by_arrival(specs, static_records, slo, BIN_S)
     ends = window_ends(arrivals_by_bin(specs, BIN_S), BIN_S)
     cells = [run_cell(specs, cost, slo, s, static_records, static_good, best.goodput_rps, ends, args.seed, drafts)
@@ -265,8 +265,8 @@ def grid_floor(hardware: str, workload: str, args: argparse.Namespace) -> dict[s
     qps = args.load * simulated_capacity(wl, cost, slo, args.seed)
     specs = generate(wl, qps=qps, duration_s=max(args.duration, args.min_requests / qps), seed=args.seed)
     space = load_search_space(max_token_budget=None)
-    runs = [(params, simulate(specs, cost, "deadline", Knobs().replace(**params), slo))
-            for params in (point | space.clamp(Knobs().as_dict() | point) for point in grid_points("deadline"))]
+    runs = [(params, simulate(specs, cost, "deadline", SHIPPED_KNOBS.replace(**params), slo))
+            for params in (point | space.clamp(DEFAULT_KNOBS | point) for point in grid_points("deadline"))]
     _, best = max(runs, key=lambda run: run[1].summary.goodput_rps)
     best_good = good_by_arrival(specs, best.records, slo, BIN_S)
     ends = window_ends(arrivals_by_bin(specs, BIN_S), BIN_S)

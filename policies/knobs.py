@@ -85,7 +85,7 @@ class Knobs:
     step_headroom: float = 0.9
     error_budget: float = 0.5
     ttft_pace: float = 0.0
-    admission_slack: float = 0.0     # the daemon serves with 1.0 (serving/settings.py: DAEMON_KNOBS)
+    admission_slack: float = 0.0     # the daemon serves with 1.0 (DAEMON_KNOBS)
     speculative_tokens: int = 0
     speculative_mode: str = "adaptive"
     acceptance_prior: float = 0.5
@@ -108,3 +108,9 @@ class Knobs:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# the daemon's knobs where they differ from Knobs(): it sheds what cannot make its SLO (engine/scheduling/
+# admission.py) and drafts; the engine as a library and the simulator admit everything and draft nothing
+# unless told. The tuner's "shipped defaults" are these (autotuner/search_space.py).
+DAEMON_KNOBS: dict[str, Any] = {"admission_slack": 1.0, "speculative_tokens": 8}

@@ -25,6 +25,7 @@ from engine.sampler import LOGPROBS_MODES
 from engine.llm_engine import DEFAULT_MAX_MODEL_LEN
 from engine.slo_class import CONFIG as SHIPPED_SLO_CLASSES, SloClass, SloClasses
 from policies import POLICIES, Knobs, get_policy
+from policies.knobs import DAEMON_KNOBS
 
 WEIGHTS_HELP = ("auto: a GGUF's quantized weights stay as stored and steps up to a measured size run on them "
                 "with the CPU kernels; quantized: the same, or an error where it cannot; dense: dequantize at "
@@ -260,9 +261,6 @@ class Settings:
 
 
 _TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
-# the daemon's knobs where they differ from Knobs(): it sheds what cannot make its SLO (engine/scheduling/
-# admission.py); the engine as a library and the simulator admit everything unless told
-DAEMON_KNOBS: dict[str, Any] = {"admission_slack": 1.0, "speculative_tokens": 8}
 KNOB_FLAGS = ("token_budget", "max_num_seqs")   # knobs with a flag of their own (vLLM's names); any: --knob
 SLO_FLAGS = ("ttft_s", "tbt_s")                 # the default class's targets: --slo-ttft-s, --slo-tbt-s
 

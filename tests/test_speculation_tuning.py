@@ -36,8 +36,8 @@ def test_the_shipped_space_tunes_the_most_drafts_and_the_acceptance_estimate():
 
 
 def test_the_static_grid_tries_each_speculation_setting_on_its_best_point(monkeypatch):
-    """Without a drafter: the policy's grid, no drafts. With one: the grid with speculation off, then
-    every speculation setting on the grid's best point, each run with the drafter."""
+    """Without a drafter: the policy's grid, no drafts. With one: the grid at the daemon's speculation
+    setting, then every other one on the grid's best point, each run with the drafter."""
     runs: list[tuple[Knobs, SpeculationModel | None]] = []
 
     def made_up(specs, cost, policy, knobs, slo, horizon, speculation=None) -> RunResult:
@@ -49,17 +49,18 @@ def test_the_static_grid_tries_each_speculation_setting_on_its_best_point(monkey
     space = load_search_space(max_token_budget=None)
     plain = static_grid([], COST, space, "deadline", SLO_)
     assert len(plain) == len(grid_points("deadline"))
-    assert all(knobs.speculative_tokens == 0 and drafts is None for knobs, drafts in runs)
+    assert all(drafts is None for _, drafts in runs)
+    assert {(k.speculative_tokens, k.speculative_mode, k.admission_slack) for k, _ in runs} == {(8, "adaptive", 1.0)}
 
     runs.clear()
     grid = static_grid([], COST, space, "deadline", SLO_, speculation=DRAFTS)
     base = len(grid_points("deadline"))
-    assert len(grid) == base + len(speculation_points()) - 1          # off ran in the grid already
+    assert len(grid) == base + len(speculation_points()) - 1          # the daemon's setting ran in the grid
     assert all(drafts is DRAFTS for _, drafts in runs)
     extra = [knobs for knobs, _ in runs[base:]]
     assert {(k.token_budget, k.step_headroom, k.error_budget) for k in extra} == {(2048, 1.0, 1.0)}
     assert {(k.speculative_tokens, k.speculative_mode) for k in extra} == {
-        (2, "fixed"), (4, "fixed"), (8, "fixed"), (8, "adaptive"), (16, "adaptive")}
+        (0, "adaptive"), (2, "fixed"), (4, "fixed"), (8, "fixed"), (16, "adaptive")}
 
 
 def test_tune_simulate_drafts_in_the_tuned_run_its_warm_start_and_its_grid(tmp_path, monkeypatch):
