@@ -116,11 +116,12 @@ class Start:
 
 
 def starts(speculation: bool = False) -> list[Start]:
-    """The daemon's defaults (serving/settings.py), then the wrong starts (with a drafter, one more)."""
+    """The daemon's defaults (serving/settings.py), then the wrong starts, each the daemon's knobs but
+    for what it names (with a drafter, one more)."""
     defaults = Settings()
     wrong = WRONG_STARTS | (SPECULATION_WRONG_STARTS if speculation else {})
     out = [Start("defaults", defaults.policy, defaults.knob_values())]
-    return out + [Start(name, policy, Knobs().replace(**knobs)) for name, (policy, knobs) in wrong.items()]
+    return out + [Start(name, policy, defaults.knob_values().replace(**knobs)) for name, (policy, knobs) in wrong.items()]
 
 
 def cpu_calibration() -> str:
