@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from autotuner import simulated_tuning, warm_start
 from autotuner.controller import ControllerSettings
 from autotuner.search_space import load_search_space
+from autotuner.warm_start import WarmStartJob
 from autotuner.simulated_tuning import VLLM_DEFAULTS, RunResult, compare, static_grid
 from autotuner.static_grid import grid_points, speculation_points
 from engine.slo_class import SloClass
@@ -95,3 +97,24 @@ def test_the_matrix_with_a_drafter_adds_a_start_that_always_verifies_eight():
     fixed = names["fixed-8"].knobs
     assert (fixed.speculative_tokens, fixed.speculative_mode) == (8, "fixed")
     assert names["defaults"].knobs.speculative_tokens > 0            # the daemon drafts by default
+
+
+def test_where_drafts_are_modelled_the_warm_start_tries_each_speculation_setting_first(monkeypatch):
+    """Few TPE samples in a dozen dimensions seldom land on drafts off: with a drafter modelled, the
+    grid's speculation lengths are among the enqueued candidates (on thin evidence, all that runs)."""
+    tried: list[dict] = []
+
+    def made_up(job, specs, params):
+        tried.append(params)
+        return SimpleNamespace(value=1.0 - params.get("speculative_tokens", 0) / 100, constraints={})
+
+    monkeypatch.setattr(warm_start, "simulated_score", made_up)
+    knobs = {k: v for k, v in Knobs(speculative_tokens=8, speculative_mode="fixed").as_dict().items() if k != "version"}
+    lengths = [(100, 20, 0)] * 5                                   # thin: only the enqueued candidates run
+    for drafts, lengths_tried in ((None, {8}), (DRAFTS, {0, 2, 4, 8, 16})):
+        tried.clear()
+        job = WarmStartJob(COST, load_search_space(), SLO_, "deadline", knobs, lengths, 1.0, 100, 2,
+                           speculation=drafts)
+        best = warm_start.search(job)
+        assert {p["speculative_tokens"] for p in tried} == lengths_tried
+    assert best[0]["speculative_tokens"] == 0
