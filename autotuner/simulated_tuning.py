@@ -167,14 +167,14 @@ def tune_on_simulator(specs: list[RequestSpec], cost: CostModel, state_dir: str,
 
 def compare(specs: list[RequestSpec], cost: CostModel, state_dir: str, slo: SloClass,
             settings: ControllerSettings, seed: int = 0, ablation: bool = True,
-            speculation: SpeculationModel | None = None, initial: Knobs | None = None) -> dict[str, Any]:
+            speculation: SpeculationModel | None = None) -> dict[str, Any]:
     """The JSON summary of `tune --simulate`. `ablation`: also the plain-budget grid (the tuned
     policy's inner loop off), 21 more runs of the whole workload. Every run's error budget spends
     over the controller's context window, the tuned run's horizon; `speculation`: the workload's
-    drafts, for the tuned run (from `initial` knobs) and the tuned policy's grid (the baselines
-    and the plain-budget grid do not draft)."""
+    drafts, for the tuned run and the tuned policy's grid (the baselines and the plain-budget grid
+    do not draft)."""
     space = load_search_space(max_token_budget=None)
-    controller, records, end = tune_on_simulator(specs, cost, state_dir, slo, settings, space, seed, initial,
+    controller, records, end = tune_on_simulator(specs, cost, state_dir, slo, settings, space, seed,
                                                  speculation=speculation)
     duration = end - specs[0].arrival_s
     tuned = summarize_requests(records, slo, duration)

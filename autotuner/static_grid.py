@@ -10,8 +10,8 @@ STATIC_BUDGETS = (32, 64, 128, 256, 512, 1024, 2048)
 STATIC_PRIORITIES = (0.0, 0.5, 1.0)
 # the deadline policy's own grid: the budget is only a cap there, the step time follows the slack
 DEADLINE_GRID = {"token_budget": (256, 2048), "step_headroom": (0.8, 1.0), "error_budget": (0.0, 0.5, 1.0)}
-# speculative decoding's settings, tried on the best point of the grid without them where a run has a
-# drafter: off, every decode verifying a fixed length, and the step loop's priced choice at two caps
+# speculative decoding's settings, tried on the grid's best point where a run has a drafter: off, every
+# decode verifying a fixed length, and the step loop's priced choice at two caps
 FIXED_DRAFTS = (2, 4, 8)
 ADAPTIVE_CAPS = (8, 16)
 
@@ -27,7 +27,7 @@ def grid_points(policy: str) -> list[dict[str, Any]]:
 
 
 def speculation_points() -> list[dict[str, Any]]:
-    """The speculation settings a static grid tries (off first)."""
+    """The speculation settings a static grid tries, off first."""
     return [{"speculative_tokens": 0},
             *({"speculative_tokens": k, "speculative_mode": "fixed"} for k in FIXED_DRAFTS),
             *({"speculative_tokens": k, "speculative_mode": "adaptive"} for k in ADAPTIVE_CAPS)]

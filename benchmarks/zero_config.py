@@ -31,8 +31,9 @@ over processes and resumed (pairs already in the file are skipped).
     python benchmarks/zero_config.py --speculation --workloads code-editing chat --out docs/results/zero_config_speculation.jsonl
 
 --speculation: every run drafts as configs/speculation.yaml measured for the workload (prompt lookup);
-the static grid adds the speculation settings (off, fixed 2/4/8, the priced choice at 8 and 16) on
-its best point without them, and the starts add one verifying 8 drafts on every decode (`fixed-8`).
+the static grid (run at the daemon's setting: the priced choice of at most 8) adds the other
+speculation settings (off, fixed 2/4/8, the priced choice of at most 16) on its best point, and the
+starts add one verifying 8 drafts on every decode (`fixed-8`).
 """
 
 from __future__ import annotations
