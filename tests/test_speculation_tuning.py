@@ -16,6 +16,7 @@ from autotuner.static_grid import grid_points, speculation_points
 from engine.slo_class import SloClass
 from loadgen.workload import generate, load_workload
 from policies import Knobs
+from policies.knobs import DAEMON_KNOBS
 from simulation import workload_run
 from simulation.cost_model import CostModel
 from simulation.simulator import Simulator
@@ -35,6 +36,9 @@ def test_the_shipped_space_tunes_the_most_drafts_and_the_acceptance_estimate():
     assert {"speculative_tokens", "acceptance_prior", "acceptance_decay"} <= names
     assert space.snap({"speculative_tokens": 1})["speculative_tokens"] == 0       # one draft: off
     assert space.snap({"speculative_tokens": 5})["speculative_tokens"] == 5
+    # what ties and thin evidence fall back to is what the daemon serves untold, not the library's knobs
+    shipped = warm_start.shipped_defaults(space)
+    assert {k: shipped[k] for k in DAEMON_KNOBS} == DAEMON_KNOBS
 
 
 def test_the_static_grid_tries_each_speculation_setting_on_its_best_point(monkeypatch):
