@@ -156,9 +156,9 @@ def search(job: WarmStartJob) -> list[dict[str, Any]]:
 
 def speculation_seeds(job: WarmStartJob) -> list[dict[str, Any]]:
     """Where drafts are modelled, the static grid's speculation settings (the space's knobs of them):
-    TPE's few samples in a dozen dimensions seldom land on drafts off (2 of 17 lengths), and a start
-    verifying 8 drafts on every decode (0.45x the goodput of none on the CPU's code editing) was never
-    left."""
+    TPE's few samples in a dozen dimensions seldom land on drafts off (2 of 17 lengths), and without
+    them a start verifying 8 drafts on every decode (0.45x the goodput of none on the CPU's code
+    editing) is never left."""
     return [] if job.speculation is None else speculation_points()
 
 
