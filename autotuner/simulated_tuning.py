@@ -79,14 +79,18 @@ def static_grid(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, p
         return evaluate_static(specs, cost, policy, SHIPPED_KNOBS.replace(**params), slo, error_budget_horizon_s,
                                speculation)
 
-    grid = [(params, run(params)) for params in
-            (point | space.clamp(DEFAULT_KNOBS | point) for point in grid_points(policy))]
+    grid = [(params, run(params)) for params in grid_params(space, policy)]
     if speculation is None:
         return grid
     best_params, _ = best_of(grid)
     best = DEFAULT_KNOBS | best_params
     return grid + [(best_params | point, run(best_params | point)) for point in speculation_points()
                    if best | point != best]        # the shipped setting ran in the grid
+
+
+def grid_params(space: SearchSpace, policy: str) -> list[dict[str, Any]]:
+    """The policy's grid points over the daemon's knobs, the space's knobs on its grid."""
+    return [point | space.clamp(DEFAULT_KNOBS | point) for point in grid_points(policy)]
 
 
 def best_static(specs: list[RequestSpec], cost: CostModel, space: SearchSpace, policy: str, slo: SloClass,

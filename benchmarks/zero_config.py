@@ -50,10 +50,9 @@ from typing import Any
 import numpy as np
 
 from autotuner.controller import ControllerSettings
-from autotuner.search_space import DEFAULT_KNOBS, SHIPPED_KNOBS, load_search_space
-from autotuner.simulated_tuning import (BIN_S, best_of, evaluate_static, static_grid, tune_on_simulator,
-                                        violating_bin_fraction)
-from autotuner.static_grid import grid_points
+from autotuner.search_space import SHIPPED_KNOBS, load_search_space
+from autotuner.simulated_tuning import (BIN_S, best_of, evaluate_static, grid_params, static_grid,
+                                        tune_on_simulator, violating_bin_fraction)
 from autotuner.targets import ConfigurationChange
 import results_file
 from engine.outputs import RequestRecord
@@ -268,7 +267,7 @@ def grid_floor(hardware: str, workload: str, args: argparse.Namespace) -> dict[s
     specs = generate(wl, qps=qps, duration_s=max(args.duration, args.min_requests / qps), seed=args.seed)
     space = load_search_space(max_token_budget=None)
     runs = [(params, simulate(specs, cost, "deadline", SHIPPED_KNOBS.replace(**params), slo))
-            for params in (point | space.clamp(DEFAULT_KNOBS | point) for point in grid_points("deadline"))]
+            for params in grid_params(space, "deadline")]
     _, best = max(runs, key=lambda run: run[1].summary.goodput_rps)
     best_good = good_by_arrival(specs, best.records, slo, BIN_S)
     ends = window_ends(arrivals_by_bin(specs, BIN_S), BIN_S)
