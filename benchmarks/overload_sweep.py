@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -60,6 +61,9 @@ class LevelResult:
     shed_without_retry_after: int = 0
     server_errors: int = 0            # live: answers other than 200 and 429, stream errors, and requests unfinished
                                       # --drain-s after the last arrival
+    missed_ttft: int = 0              # admitted requests that missed: first token late (whatever their gaps)
+    missed_tbt: int = 0               # first token in time, a P99 gap over the target
+    missed_unfinished: int = 0        # never finished (an error, or still running at the end)
 
 
 def judged(records: list[RequestRecord], slo: SloClass, duration_s: float, level: float, rps: float,
@@ -67,8 +71,17 @@ def judged(records: list[RequestRecord], slo: SloClass, duration_s: float, level
     shed = [r for r in records if r.finish_reason == "shed"]
     admitted = [r for r in records if r.finish_reason != "shed"]
     met = sum(meets_slo(r, slo) for r in admitted)
+    causes = Counter(miss_cause(r, slo) for r in admitted if not meets_slo(r, slo))
     return LevelResult(level, rps, admission, len(records), met / duration_s, len(shed),
-                       met / len(admitted) if admitted else None)
+                       met / len(admitted) if admitted else None, missed_ttft=causes["ttft"],
+                       missed_tbt=causes["tbt"], missed_unfinished=causes["unfinished"])
+
+
+def miss_cause(r: RequestRecord, slo: SloClass) -> str:
+    """Why an admitted request missed its SLO: it never finished, its first token was late, or a gap was."""
+    if r.finish_reason not in ("stop", "length") or r.ttft_s is None:
+        return "unfinished"
+    return "ttft" if r.ttft_s > (r.slo_ttft_s if r.slo_ttft_s is not None else slo.ttft_s) else "tbt"
 
 
 # -- simulated --

@@ -27,11 +27,18 @@ LIVE_STEPS = 2000            # live steps kept for the speed factor
 MIN_LIVE_STEPS = 200         # fewer than this: the calibration as it is
 MIN_PATH_STEPS = 30          # a weights path (quantized kernels, dense) with fewer: the overall ratio
 REFRESH_EVERY_STEPS = 200    # how often the scheduler's copy is re-scaled (a median over LIVE_STEPS, ~ms)
+EARLY_REFRESH_STEPS = 25     # ... and how often before that many steps: 200 steps are a minute on a CPU
 # The scheduler's copy prices deadlines at the 90th percentile of live over predicted
-# (simulation.step_scatter.DEADLINE_QUANTILE), so about 9 steps in 10 fit the slack they were sized
-# to: on the real 2-core daemon step times scatter +-20-40% around the model, and sized at the median
-# half the prefill steps overran (one long gap fails a short request's own P99 TBT). The tuner's
-# simulations want expected times, the median, with that scatter (`step_scatter`) drawn around them.
+# (simulation.step_scatter.DEADLINE_QUANTILE) of the steps it sizes to a TBT slack, those carrying
+# prefill, so about 9 in 10 fit it and step_headroom's margin takes most of the rest: on the real
+# 2-core daemon step times scatter +-20-40% around the model, and sized at the median half the prefill
+# steps overran (one long gap fails a short request's own P99 TBT). Decode-only steps are not sized and
+# run on a ratio of their own (bundled model, AVX2: 0.8 against 1.0 at the median), so a quantile over
+# all steps, nearly all decodes, priced prefill steps short. Until MIN_PATH_STEPS of them have run,
+# the calibration is taken SIZED_PRIOR slower: a fit gives the median, and at the median a started
+# daemon's first half-minute of prefill steps overran. The tuner's simulations want expected times,
+# the median over all steps, with that scatter (`step_scatter`) drawn around them.
+SIZED_PRIOR = 1.3            # the 90th percentile of live over predicted over its median, 2-core Xeon and EPYC
 MIN_GRAMMAR_STEPS = 10       # constrained steps before their masks' measured time prices constrained rows
 SPEED_FACTOR_RANGE = (0.5, 2.0)   # a live machine further off its calibration than this wants a recalibration
 # a model that does not describe this machine (--no-calibrate): only its shape is kept, the scale is live
@@ -43,6 +50,7 @@ class LiveCostModel:
         self.base, self.source, self.describes_machine = base, source, describes_machine
         self.speed_range = SPEED_FACTOR_RANGE if describes_machine else UNCALIBRATED_RANGE
         self._steps: deque[StepRecord] = deque(maxlen=LIVE_STEPS)
+        self._seen = 0      # steps recorded since start
         self._engine: LLMEngine | None = None
 
     def attach(self, engine: LLMEngine) -> LiveCostModel:
@@ -53,14 +61,16 @@ class LiveCostModel:
         blocks = engine.block_manager
         self.base = replace(self.base, kv_blocks=blocks.num_blocks, block_size=blocks.block_size,
                             **window_fields(engine))   # and its layers' windows and pages, where it has any
-        engine.scheduler.cost = self._scaled(DEADLINE_QUANTILE)
+        engine.scheduler.cost = self.for_deadlines()
         engine.step_listeners.append(self.on_step)
         return self
 
     def on_step(self, record: StepRecord) -> None:
         self._steps.append(record)
-        if self._engine is not None and record.step % REFRESH_EVERY_STEPS == 0:
-            self._engine.scheduler.cost = self._scaled(DEADLINE_QUANTILE)
+        self._seen += 1
+        every = EARLY_REFRESH_STEPS if self._seen < REFRESH_EVERY_STEPS else REFRESH_EVERY_STEPS
+        if self._engine is not None and self._seen % every == 0:
+            self._engine.scheduler.cost = self.for_deadlines()
 
     def speed_factor(self) -> float:
         """Live step time over predicted, median of recent steps, within SPEED_FACTOR_RANGE."""
@@ -69,7 +79,7 @@ class LiveCostModel:
     def speed_factors(self, quantile: float = 0.5) -> tuple[float, float, float]:
         """(overall, dense path, quantized-kernel path) live-over-predicted ratios at `quantile` (the
         median by default); a path with too few recent steps of its own takes the overall one."""
-        ratios, on_kernels = self._ratios()
+        ratios, on_kernels, _ = self._ratios()
         if len(ratios) < MIN_LIVE_STEPS:
             return 1.0, 1.0, 1.0
         overall = self._bounded(np.quantile(ratios, quantile))
@@ -77,24 +87,38 @@ class LiveCostModel:
                  for mask in (~on_kernels, on_kernels)]
         return overall, paths[0], paths[1]
 
+    def sized_factors(self) -> tuple[float, float]:
+        """(dense path, quantized-kernel path) live-over-predicted ratios at DEADLINE_QUANTILE of the recent steps
+        that carried prefill: a path's own where it has MIN_PATH_STEPS of them, else those of both paths, else
+        SIZED_PRIOR."""
+        ratios, on_kernels, prefill = self._ratios()
+        if prefill.sum() < MIN_PATH_STEPS:
+            return SIZED_PRIOR, SIZED_PRIOR
+        both = self._bounded(np.quantile(ratios[prefill], DEADLINE_QUANTILE))
+        dense, kernel = (self._bounded(np.quantile(ratios[m], DEADLINE_QUANTILE)) if m.sum() >= MIN_PATH_STEPS else both
+                         for m in (prefill & ~on_kernels, prefill & on_kernels))
+        return dense, kernel
+
     def step_scatter(self) -> tuple[float, ...]:
         """How recent steps scatter around the model once each weights path's median speed is taken out
         (simulation.step_scatter); empty with too few steps."""
-        ratios, on_kernels = self._ratios()
+        ratios, on_kernels, _ = self._ratios()
         if len(ratios) < MIN_LIVE_STEPS:
             return ()
         residuals = [ratios[mask] / np.median(ratios[mask]) for mask in (~on_kernels, on_kernels)
                      if mask.sum() >= MIN_PATH_STEPS]
         return measured_scatter(np.concatenate(residuals) if residuals else ratios)
 
-    def _ratios(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each recent step's live over predicted time, and whether it ran on the quantized kernels."""
+    def _ratios(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each recent step's live over predicted time, whether it ran on the quantized kernels, and whether it
+        carried prefill."""
         steps = list(self._steps)
         ratios = np.array([r.duration_s / self.base.predict(StepShape.of(r)) for r in steps])
         on_path = getattr(self.base, "on_kernel_path", None)      # a hardware profile has one path
         on_kernels = np.array([bool(on_path and on_path(r.num_prefill_tokens + r.num_decode_tokens)) for r in steps],
                               dtype=bool)
-        return ratios, on_kernels
+        prefill = np.array([r.num_prefill_tokens > 0 for r in steps], dtype=bool)
+        return ratios, on_kernels, prefill
 
     def grammar_row_s(self) -> float:
         """Median mask time per constrained row over recent steps that had any (0 with too few): the
@@ -118,7 +142,7 @@ class LiveCostModel:
     def ratio_quantiles(self) -> dict[str, float]:
         """Recent steps' live over predicted time at the percentiles that price them (50, 90) and that the TBT
         SLO reads (99): how far the model's tail is off, which the median and scatter_sigma do not show."""
-        ratios, _ = self._ratios()
+        ratios = self._ratios()[0]
         if len(ratios) < MIN_LIVE_STEPS:
             return {}
         return {f"p{q}": float(np.quantile(ratios, q / 100)) for q in (50, 90, 99)}
@@ -132,9 +156,16 @@ class LiveCostModel:
         model, spread = self._scaled(quantile), self.step_scatter() if scatter else ()
         return replace(model, step_scatter=spread) if spread else model
 
+    def for_deadlines(self) -> CostModel:
+        """The scheduler's copy: the calibration scaled by the sized steps' ratios (`sized_factors`)."""
+        return self._with_factors(*self.sized_factors())
+
     def _scaled(self, quantile: float) -> CostModel:
-        """The calibration scaled by `quantile` of the live ratios, per weights path: the scheduler's copy."""
+        """The calibration scaled by `quantile` of the live ratios, per weights path."""
         _, dense, kernel = self.speed_factors(quantile)
+        return self._with_factors(dense, kernel)
+
+    def _with_factors(self, dense: float, kernel: float) -> CostModel:
         if dense == kernel == 1.0:
             model = self.base
         elif getattr(self.base, "kernel_max_rows", 0):

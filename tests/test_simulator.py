@@ -238,7 +238,7 @@ def test_live_cost_model_keeps_the_schedulers_copy_to_the_live_speed():
     """The engine's scheduler (the deadline policy's pricing) follows the live speed, with or without the tuner."""
     from types import SimpleNamespace
 
-    from simulation.live_cost_model import MIN_LIVE_STEPS, REFRESH_EVERY_STEPS, LiveCostModel
+    from simulation.live_cost_model import MIN_LIVE_STEPS, REFRESH_EVERY_STEPS, SIZED_PRIOR, LiveCostModel
     from engine.outputs import StepRecord
 
     base = CostModel.load(SHIPPED_COST_MODEL)
@@ -246,7 +246,7 @@ def test_live_cost_model_keeps_the_schedulers_copy_to_the_live_speed():
                              block_manager=SimpleNamespace(num_blocks=base.kv_blocks * 3, block_size=32),
                              model_config=SimpleNamespace(window=None))
     live = LiveCostModel(base).attach(engine)
-    assert engine.scheduler.cost.coefficients == base.coefficients
+    assert engine.scheduler.cost.coefficients == pytest.approx([c * SIZED_PRIOR for c in base.coefficients])
     assert (live.current().kv_blocks, live.current().block_size) == (base.kv_blocks * 3, 32)   # the engine's pool
     shape = StepShape(32, 4, 5, 2000, 3000, 5)
     for i in range(max(MIN_LIVE_STEPS, REFRESH_EVERY_STEPS) + 1):
@@ -297,7 +297,7 @@ def test_the_scheduler_prices_deadlines_at_the_upper_tail_of_live_step_times():
                              model_config=SimpleNamespace(window=None))
     live = LiveCostModel(base).attach(engine)
     shape = StepShape(32, 4, 5, 2000, 3000, 5)
-    factors = np.linspace(0.8, 1.6, max(MIN_LIVE_STEPS, REFRESH_EVERY_STEPS) + 1)
+    factors = np.linspace(0.8, 1.6, max(MIN_LIVE_STEPS, REFRESH_EVERY_STEPS))
     for i, factor in enumerate(np.random.default_rng(0).permutation(factors)):
         for listener in engine.step_listeners:
             listener(StepRecord(i, float(i), factor * base.predict(shape), 32, 4, 1, 5, 0, 0, 0.1, 2000, 3000, 5,
@@ -310,6 +310,42 @@ def test_the_scheduler_prices_deadlines_at_the_upper_tail_of_live_step_times():
     assert factor_at(scatter, 0.5) == pytest.approx(1.0)
     assert factor_at(scatter, DEADLINE_QUANTILE) == pytest.approx(np.quantile(factors, DEADLINE_QUANTILE) / np.median(factors))
     assert factor_at(scatter, 0.01) == pytest.approx(np.quantile(factors, 0.01) / np.median(factors))
+
+
+def test_the_scheduler_prices_the_steps_it_sizes_by_their_own_ratios_from_the_first_ones():
+    """Decode-only steps run at 0.6x the model, prefill-carrying ones (the steps sized to a TBT slack) at
+    1.0x-1.4x: the scheduler's copy starts SIZED_PRIOR slower than the calibration, takes the 90th percentile
+    of the prefill steps alone after the first few dozen of them (not MIN_LIVE_STEPS); the tuner's copy
+    is the calibration until then."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from simulation.live_cost_model import (DEADLINE_QUANTILE, EARLY_REFRESH_STEPS, MIN_LIVE_STEPS, MIN_PATH_STEPS,
+                                            SIZED_PRIOR, LiveCostModel)
+    from engine.outputs import StepRecord
+
+    base = CostModel.load(SHIPPED_COST_MODEL)
+    engine = SimpleNamespace(scheduler=SimpleNamespace(cost=None), step_listeners=[],
+                             block_manager=SimpleNamespace(num_blocks=base.kv_blocks, block_size=base.block_size),
+                             model_config=SimpleNamespace(window=None))
+    live = LiveCostModel(base).attach(engine)
+    prefill, decode = StepShape(32, 4, 5, 2000, 3000, 5), StepShape(0, 8, 8, 4000, 4000, 8)
+    assert engine.scheduler.cost.predict(prefill) == pytest.approx(SIZED_PRIOR * base.predict(prefill))
+    steps = 2 * MIN_PATH_STEPS + EARLY_REFRESH_STEPS - (2 * MIN_PATH_STEPS) % EARLY_REFRESH_STEPS
+    assert steps < MIN_LIVE_STEPS
+    factors = np.random.default_rng(0).permutation(np.linspace(1.0, 1.4, steps // 2))
+    for i in range(steps):
+        shape, factor = (prefill, factors[i // 2]) if i % 2 else (decode, 0.6)
+        record = StepRecord(i, float(i), factor * base.predict(shape), shape.num_prefill_tokens,
+                            shape.num_decode_tokens, 1 if shape.num_prefill_tokens else 0, 8, 0, 0, 0.1,
+                            shape.context_tokens, shape.attended_pairs, shape.num_sampled, 0.0, 0.0, 0.0, 0.0,
+                            "deadline", 0)
+        for listener in engine.step_listeners:
+            listener(record)
+    assert engine.scheduler.cost.predict(prefill) == pytest.approx(
+        np.quantile(factors, DEADLINE_QUANTILE) * base.predict(prefill))
+    assert live.current().predict(prefill) == pytest.approx(base.predict(prefill))
 
 
 def test_simulate_command_runs_a_duration(capsys):
