@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def markdown(series: list[dict[str, Any]]) -> str:
     rows = ["| target | workload | capacity (req/s) | load | goodput off (req/s) | goodput on (req/s) | on / 1.0x off "
-            "| shed | admitted within SLO |", "|---|---|---|---|---|---|---|---|---|"]
+            "| shed | admitted within SLO | admitted misses: TTFT / TBT / unfinished |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for s in series:
         by = {(r["level"], r["admission"]): r for r in s["levels"]}
         base = by.get((1.0, False), {}).get("goodput_rps") or 0.0
@@ -215,8 +216,15 @@ def markdown(series: list[dict[str, Any]]) -> str:
             ratio = f"{on['goodput_rps'] / base:.2f}x" if base else "-"
             rows.append(f"| {s['target']} | {s['workload']} | {s['capacity_rps']:.3g} | {level:g}x | "
                         f"{off['goodput_rps']:.3f} | {on['goodput_rps']:.3f} | {ratio} | {on['shed']} of "
-                        f"{on['requests']} | {within} |")
+                        f"{on['requests']} | {within} | {misses(on)} |")
     return "\n".join(rows)
+
+
+def misses(row: dict[str, Any]) -> str:
+    """Why admitted requests missed, where the results file counts it."""
+    if "missed_tbt" not in row:
+        return "-"
+    return f"{row['missed_ttft']} / {row['missed_tbt']} / {row['missed_unfinished']}"
 
 
 def render_doc(sources: list[Path]) -> str:

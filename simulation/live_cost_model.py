@@ -38,7 +38,7 @@ EARLY_REFRESH_STEPS = 25     # ... and how often before that many steps: 200 ste
 # the calibration is taken SIZED_PRIOR slower: a fit gives the median, and at the median a started
 # daemon's first half-minute of prefill steps overran. The tuner's simulations want expected times,
 # the median over all steps, with that scatter (`step_scatter`) drawn around them.
-SIZED_PRIOR = 1.3            # the 90th percentile of live over predicted over its median, 2-core Xeon and EPYC
+SIZED_PRIOR = 1.3            # prefill steps' 90th percentile of live over a calibration: 1.24-1.28 (AVX2 EPYC, chat)
 MIN_GRAMMAR_STEPS = 10       # constrained steps before their masks' measured time prices constrained rows
 SPEED_FACTOR_RANGE = (0.5, 2.0)   # a live machine further off its calibration than this wants a recalibration
 # a model that does not describe this machine (--no-calibrate): only its shape is kept, the scale is live
