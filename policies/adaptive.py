@@ -11,9 +11,10 @@ chunk any one request gets (`long_prefill_token_threshold`), and orders the queu
 from __future__ import annotations
 
 from policies.knobs import Knobs
+from policies.kv_reserve import blocks_to_keep_free
 from policies.plan import BatchPlan
 from policies.step_builder import StepBuilder
-from policies.view import SchedulerView, decode_tokens_left, remaining_tokens
+from policies.view import SchedulerView, remaining_tokens
 
 
 class AdaptivePolicy:
@@ -39,7 +40,7 @@ class AdaptivePolicy:
             if room <= 0:
                 return
             step.schedule(seq, min(remaining_tokens(seq), room, cap or room))
-        keep = self._blocks_to_keep_free(step, view, knobs)
+        keep = blocks_to_keep_free(step, view, knobs.kv_admission_watermark, knobs.new_token_ratio)
         waiting = sorted(view.waiting, key=remaining_tokens) if knobs.queue_order == "spf" else view.waiting
         for seq in waiting:
             room = step.tokens_left - stop_at
@@ -52,16 +53,3 @@ class AdaptivePolicy:
     def _num_partial(step: StepBuilder) -> int:
         admitted_partial = len(step.plan.admitted)
         return len(step.partial_prefills()) + admitted_partial
-
-    @staticmethod
-    def _blocks_to_keep_free(step: StepBuilder, view: SchedulerView, knobs: Knobs) -> int:
-        if not step.running:
-            return 0    # an idle engine admits anything that fits the pool, or it could stall
-        watermark = int(knobs.kv_admission_watermark * view.total_blocks)
-        if not knobs.new_token_ratio:
-            return watermark
-        future_tokens = sum(decode_tokens_left(s) for s in step.running)
-        # with sliding layers a block of future tokens costs a page per global group (past the window the
-        # sliding groups give one back for each they take)
-        pages_per_block = view.kv_groups.num_full if view.kv_groups else 1
-        return watermark + int(knobs.new_token_ratio * future_tokens) // view.block_size * pages_per_block

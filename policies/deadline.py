@@ -42,6 +42,7 @@ from operator import attrgetter
 
 from policies.draft_lengths import fixed_lengths, priced_lengths
 from policies.knobs import Knobs
+from policies.kv_reserve import blocks_to_keep_free
 from policies.plan import BatchPlan
 from policies.step_builder import StepBuilder
 from policies.step_shape import WindowedShape, head_rows, shape_functions
@@ -239,7 +240,7 @@ class DeadlinePolicy:
             if time and knobs.ttft_pace > 0 else UNBOUNDED
         spendable = math.floor(knobs.error_budget * view.tolerated_long_gaps) - view.long_gaps
         cap = knobs.long_prefill_token_threshold or knobs.token_budget
-        keep = int(knobs.kv_admission_watermark * view.total_blocks) if step.running else 0
+        keep = blocks_to_keep_free(step, view, knobs.kv_admission_watermark, view.output_share)
         num_partial, prefilled = len(partial), 0
         partial_ahead = len(partial)        # partial prompts not yet reached in deadline order
         for seq in candidates:

@@ -108,6 +108,7 @@ class SchedulerView:
     step_shape: WindowedShape | None = None   # sliding-window layers: what a step attends to (step_shape.py)
     # speculative decoding (engine/speculation/): the drafter's offers for planned decodes; None: no drafting
     draft_offers: Callable[[Sequence[SequenceState]], list[DraftOffer]] | None = None
+    output_share: float = 0.0           # the share of their max_tokens finished requests used (output_share.py)
 
     def blocks_needed(self, seq: SequenceState, num_new_tokens: int) -> int:
         """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens."""

@@ -28,17 +28,19 @@ MIN_LIVE_STEPS = 200         # fewer than this: the calibration as it is
 MIN_PATH_STEPS = 30          # a weights path (quantized kernels, dense) with fewer: the overall ratio
 REFRESH_EVERY_STEPS = 200    # how often the scheduler's copy is re-scaled (a median over LIVE_STEPS, ~ms)
 EARLY_REFRESH_STEPS = 25     # ... and how often before that many steps: 200 steps are a minute on a CPU
-# The scheduler's copy prices deadlines at the 90th percentile of live over predicted
+# The scheduler's copy prices deadlines at the TBT SLO's percentile (the 99th) of live over predicted
 # (simulation.step_scatter.DEADLINE_QUANTILE) of the steps it sizes to a TBT slack, those carrying
-# prefill, so about 9 in 10 fit it and step_headroom's margin takes most of the rest: on the real
-# 2-core daemon step times scatter +-20-40% around the model, and sized at the median half the prefill
-# steps overran (one long gap fails a short request's own P99 TBT). Decode-only steps are not sized and
-# run on a ratio of their own (bundled model, AVX2: 0.8 against 1.0 at the median), so a quantile over
-# all steps, nearly all decodes, priced prefill steps short. Until MIN_PATH_STEPS of them have run,
-# the calibration is taken SIZED_PRIOR slower: a fit gives the median, and at the median a started
-# daemon's first half-minute of prefill steps overran. The tuner's simulations want expected times,
-# the median over all steps, with that scatter (`step_scatter`) drawn around them.
-SIZED_PRIOR = 1.3            # prefill steps' 90th percentile of live over a calibration: 1.24-1.28 (AVX2 EPYC, chat)
+# prefill: a step over the target gives every decode in it a long gap, and under overload every step
+# fills its slack, so one in ten overrunning (the 90th percentile, measured on an AVX-512 EPYC at 2x
+# capacity) failed most requests' own P99 TBT; with step_headroom's margin fewer than one in a hundred
+# overrun. Decode-only steps are not sized and run on a ratio of their own (bundled model, AVX2: 0.8
+# against 1.0 at the median), so a quantile over all steps, nearly all decodes, priced prefill steps
+# short. Until MIN_PATH_STEPS of them have run, the calibration is taken SIZED_PRIOR slower: a fit gives
+# the median, and at the median a started daemon's first half-minute of prefill steps overran. The
+# tuner's simulations want expected times, the median over all steps, with that scatter
+# (`step_scatter`) drawn around them.
+SIZED_PRIOR = 1.4            # prefill steps' 99th percentile of live over a calibration, about (AVX2 EPYC, chat:
+                             # 90th 1.24-1.28; AVX-512 EPYC: the 99th 1.27x the median)
 MIN_GRAMMAR_STEPS = 10       # constrained steps before their masks' measured time prices constrained rows
 SPEED_FACTOR_RANGE = (0.5, 2.0)   # a live machine further off its calibration than this wants a recalibration
 # a model that does not describe this machine (--no-calibrate): only its shape is kept, the scale is live

@@ -355,3 +355,33 @@ def test_candidates_are_in_deadline_order_partial_prompts_first_on_a_tie(partial
     expected = sorted(partial_seqs + waiting_seqs, key=lambda s: s.ttft_deadline)
     assert [s.name for s in ordered] == [s.name for s in expected]
     assert partial_ids == {id(s) for s in partial_seqs}
+
+
+def test_a_new_prompt_waits_while_the_running_requests_output_would_not_fit_the_pool_beside_it():
+    """Two decodes with 480 output tokens left each (30 blocks of 16 apiece): where finished requests
+    used all of their max_tokens, a 64-token prompt (4 blocks) is started only if 60 blocks stay free
+    for them; where they used a tenth, 6 blocks are kept."""
+    running = [decode(0, 0.0, max_tokens=481), decode(1, 0.0, max_tokens=481)]
+    queue = [waiting(0, 64)]
+
+    def admitted(free_blocks: int, share: float) -> bool:
+        v = SchedulerView(running, queue, free_blocks=free_blocks, total_blocks=1000, block_size=16, now=NOW,
+                          cost=COST, output_share=share)
+        return bool(POLICY.plan(v, Knobs(kv_admission_watermark=0.0)).admitted)
+
+    assert not admitted(63, 1.0) and admitted(64, 1.0)
+    assert not admitted(9, 0.1) and admitted(10, 0.1)
+    assert admitted(4, 0.0)
+
+
+def test_the_output_share_is_learned_from_requests_that_finished_on_their_own():
+    from engine.scheduling.output_share import MIN_FINISHED, OutputShare
+    share = OutputShare()
+    for _ in range(MIN_FINISHED - 1):
+        share.observe(100, 100)
+    assert share.value == 0.0              # too few finished: nothing kept
+    share.observe(100, 100)
+    assert share.value == 1.0
+    for _ in range(400):                   # a chat client stopping at EOS, a tenth of its limit
+        share.observe(200, 2048)
+    assert 0.09 < share.value < 0.1

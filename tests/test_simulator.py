@@ -314,7 +314,7 @@ def test_the_scheduler_prices_deadlines_at_the_upper_tail_of_live_step_times():
 
 def test_the_scheduler_prices_the_steps_it_sizes_by_their_own_ratios_from_the_first_ones():
     """Decode-only steps run at 0.6x the model, prefill-carrying ones (the steps sized to a TBT slack) at
-    1.0x-1.4x: the scheduler's copy starts SIZED_PRIOR slower than the calibration, takes the 90th percentile
+    1.0x-1.4x: the scheduler's copy starts SIZED_PRIOR slower than the calibration, takes DEADLINE_QUANTILE
     of the prefill steps alone after the first few dozen of them (not MIN_LIVE_STEPS); the tuner's copy
     is the calibration until then."""
     from types import SimpleNamespace

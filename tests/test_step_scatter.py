@@ -4,6 +4,8 @@ the scheduler pricing at the live percentile, and why the warm start needs it.""
 from dataclasses import replace
 from pathlib import Path
 
+from statistics import NormalDist
+
 import numpy as np
 import pytest
 
@@ -26,7 +28,8 @@ def test_measured_scatter_is_the_ratios_percentiles_over_their_median():
     scatter = measured_scatter(ratios)
     assert len(scatter) == len(PERCENTILES)
     assert factor_at(scatter, 0.5) == pytest.approx(1.0)
-    assert factor_at(scatter, DEADLINE_QUANTILE) == pytest.approx(np.exp(0.3 * 1.2816), rel=0.05)
+    assert factor_at(scatter, DEADLINE_QUANTILE) == pytest.approx(np.exp(0.3 * NormalDist().inv_cdf(DEADLINE_QUANTILE)),
+                                                               rel=0.05)
     assert sigma_of(scatter) == pytest.approx(0.3, rel=0.05)
     assert measured_scatter([]) == () and factor_at((), 0.9) == 1.0 and sigma_of(()) == 0.0
 
@@ -60,12 +63,12 @@ def test_the_simulator_times_steps_with_draws_and_prices_them_at_the_live_percen
     assert plain.scheduler.cost is base and plain.scatter is None
 
 
-def test_under_iid_scatter_a_short_cap_serves_more_than_slack_filling_steps():
-    """What the scatter does to a ranking: exactly as predicted, steps that fill each decode's TBT slack
-    (cap 2048, the default) serve more than 64-token steps at 1.6 requests/s on the shipped AVX-512
-    calibration; with every step scattered i.i.d. the filled steps overrun the TBT bound and the short
-    cap serves more. Live, judged on sustained probes, the ranking is the exact one (docs/tuning.md),
-    which is why the warm start simulates without the scatter."""
+def test_priced_at_the_tbt_percentile_slack_filling_steps_hold_their_ranking_under_iid_scatter():
+    """Exactly as predicted, steps that fill each decode's TBT slack (cap 2048, the default) serve more
+    than 64-token steps at 1.6 requests/s on the shipped AVX-512 calibration. With every step scattered
+    i.i.d., the scheduler prices at the TBT SLO's percentile of the scatter, so the filled steps stay within
+    the bound about as often as the SLO needs and keep that ranking (priced at the 90th percentile, one filled
+    step in ten would overrun)."""
     base = CostModel.load(CPU_MODEL)
     specs = generate(load_workload("chat"), qps=1.6, num_requests=200, seed=0)
 
@@ -74,7 +77,7 @@ def test_under_iid_scatter_a_short_cap_serves_more_than_slack_filling_steps():
 
     assert goodput(base, 2048) > goodput(base, 64)
     scattered = replace(base, step_scatter=lognormal_scatter(0.3))
-    assert goodput(scattered, 64) > 1.2 * goodput(scattered, 2048)
+    assert goodput(scattered, 2048) > goodput(scattered, 64)
 
 
 def test_the_live_scatter_is_taken_about_each_weights_paths_own_speed():

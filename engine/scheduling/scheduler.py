@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from engine.kv_cache.block_manager import BlockManager
 from engine.scheduling.admission import AdmissionControl
+from engine.scheduling.output_share import OutputShare
 from engine.scheduling.error_budget import ErrorBudget
 from engine.scheduling.request import FinishReason, Request, RequestStatus
 from policies import DEFAULT_POLICY, BatchPlan, Knobs, SchedulerView, get_policy
@@ -135,6 +136,7 @@ class Scheduler:
         self.arrival_guard_s = math.inf        # SloClasses.arrival_guard_s() of the classes requests may name
         self.admission = AdmissionControl()    # predicted-TTFT admission and the late rule (admission.py)
         self.speculator: Speculator | None = None   # drafts for decodes (engine/speculation/); None: never drafts
+        self.output_share = OutputShare()      # what finished requests used of max_tokens: KV the deadline policy keeps
 
     # -- changes from other threads, applied at the next step boundary --
     def set_knobs(self, knobs: Knobs) -> None:
@@ -191,6 +193,8 @@ class Scheduler:
             self.speculator.forget(request.request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        if reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.output_share.observe(request.num_output_tokens, request.max_tokens)
         request.timings.finished = self.clock()
 
     def _release(self, request: Request) -> None:
@@ -209,7 +213,7 @@ class Scheduler:
         view = SchedulerView(self.running, self.waiting, self.blocks.num_free_blocks, self.blocks.num_blocks,
                              self.blocks.block_size, now, self.num_steps, self.cost, tolerated, long,
                              self.arrival_guard_s, self._exclusive_blocks if caching else None,
-                             self.blocks.groups, self.shape, self._draft_offers())
+                             self.blocks.groups, self.shape, self._draft_offers(), self.output_share.value)
         self.num_steps += 1
         plan = self.policy.plan(view, self.knobs)
         self._check(plan)
