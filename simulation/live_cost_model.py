@@ -154,7 +154,7 @@ class LiveCostModel:
         the warm start's simulations); with `scatter`, carrying the live scatter around them. The warm
         start simulates without it: drawn i.i.d. for every step, the scatter (mostly that of ~10-ms
         decode steps) overruns slack-filling steps that live run close to their median, and ranks a
-        64-token cap over the defaults, the opposite of live (docs/design/cost_models.md)."""
+        64-token cap level with the defaults, which live serve more (docs/design/cost_models.md)."""
         model, spread = self._scaled(quantile), self.step_scatter() if scatter else ()
         return replace(model, step_scatter=spread) if spread else model
 

@@ -67,7 +67,7 @@ def test_priced_at_the_tbt_percentile_slack_filling_steps_hold_their_ranking_und
     """Exactly as predicted, steps that fill each decode's TBT slack (cap 2048, the default) serve more
     than 64-token steps at 1.6 requests/s on the shipped AVX-512 calibration. With every step scattered
     i.i.d., the scheduler prices at the TBT SLO's percentile of the scatter, so the filled steps stay within
-    the bound about as often as the SLO needs and keep that ranking (priced at the 90th percentile, one filled
+    the bound about as often as the SLO needs and still serve more (priced at the 90th percentile, one filled
     step in ten would overrun)."""
     base = CostModel.load(CPU_MODEL)
     specs = generate(load_workload("chat"), qps=1.6, num_requests=200, seed=0)
