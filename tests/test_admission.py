@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from autotuner.objective import score
 from engine.kv_cache.block_manager import BlockManager
 from engine.outputs import RequestRecord
 from engine.sampling_params import SamplingParams
-from engine.scheduling.admission import SHED_EXPIRED, SHED_PREDICTED, predict_ttft
+from engine.scheduling.admission import CORRECTION_SPACING_S, CORRECTION_STEP, SHED_EXPIRED, SHED_PREDICTED, predict_ttft
 from engine.scheduling.request import Request
 from engine.scheduling.scheduler import Scheduler
 from engine.slo_class import SloClass, SloClasses
@@ -116,14 +118,31 @@ def test_admission_off_admits_everything():
     assert s.admission.decide(request(99, 500), s, NOW).admitted
 
 
-def test_the_correction_tracks_observed_ttft():
-    s = scheduler()
-    admission = s.admission
-    for i in range(300):      # every first token comes 1 s after arrival, the model says 0.5 s
+def observe_all(admission, count: int, spacing_s: float, predicted_s: float, observed_s: float) -> None:
+    """`count` first tokens `spacing_s` apart, each `observed_s` after its arrival, predicted `predicted_s` uncorrected."""
+    for i in range(count):
         r = request(i, 100)
-        r.predicted_ttft_s = 0.5 * admission.correction
-        admission.observe(r, r.arrival_time + 1.0)
+        r.arrival_time = NOW + i * spacing_s
+        r.predicted_ttft_s = predicted_s * admission.correction
+        admission.observe(r, r.arrival_time + observed_s)
+
+
+def test_the_correction_tracks_observed_ttft():
+    admission = scheduler().admission
+    observe_all(admission, 300, 1.0, 0.5, 1.0)    # every first token comes 1 s after arrival, the model says 0.5 s
     assert 1.9 < admission.correction < 2.2
+
+
+def test_a_burst_of_observations_moves_the_correction_as_far_as_one_per_spacing():
+    """300 first tokens in 3 s (a GPU's rate) move it about as far as those that come CORRECTION_SPACING_S
+    apart over the same span: a correction that moved a full step on each swung between its bounds, its
+    feedback a TTFT late."""
+    burst, spaced = scheduler().admission, scheduler().admission
+    observe_all(burst, 300, 0.01, 0.5, 1.0)
+    steps = round(3.0 / CORRECTION_SPACING_S) + 1
+    observe_all(spaced, steps, CORRECTION_SPACING_S, 0.5, 1.0)
+    assert burst.correction == pytest.approx(spaced.correction, rel=0.02)
+    assert burst.correction < math.exp((steps + 1) * CORRECTION_STEP)
 
 
 def test_late_interactive_requests_are_shed_and_batch_ones_served():

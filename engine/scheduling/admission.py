@@ -8,9 +8,9 @@ target (at most the arrival guard and the token budget). Where the running slots
 are all taken, the wait for the slots it needs is priced too (the running requests' output left,
 at that step time). The prediction is scaled by a correction learned from the TTFTs admitted
 requests then observe, as the live cost model corrects the step-time model: a running estimate of
-the 90th percentile of observed / predicted (Robbins-Monro), so nine in ten admitted requests get
-their first token no later than predicted. The bound adapts to what is measured, not a fixed queue
-length.
+the 90th percentile of observed / predicted (Robbins-Monro, moving at most one step per 0.25 s however
+many first tokens come), so nine in ten admitted requests get their first token no later than
+predicted. The bound adapts to what is measured, not a fixed queue length.
 
 A request whose corrected prediction exceeds `admission_slack` x its class's TTFT target (or its own
 prefill time, where that alone is longer) is refused (429) with Retry-After = the predicted excess,
@@ -41,7 +41,9 @@ SHED_PREDICTED = "predicted_ttft"     # its predicted TTFT is over its class's t
 SHED_EXPIRED = "expired"              # queued past its TTFT deadline, its class's rule is to end it
 SHED_QUEUE_FULL = "queue_full"        # the waiting queue is at max_waiting
 CORRECTION_QUANTILE = 0.9            # the correction tracks this quantile of observed / predicted TTFT
-CORRECTION_STEP = 0.05                # log-correction moved per observation (a stochastic quantile estimate)
+CORRECTION_STEP = 0.05                # log-correction moved per observation (a stochastic quantile estimate) ...
+CORRECTION_SPACING_S = 0.25           # ... at most one observation's worth this often: faster, and the feedback
+                                      # it waits a TTFT for swings the correction between its bounds
 CORRECTION_BOUNDS = (0.25, 4.0)
 
 
@@ -77,6 +79,7 @@ class AdmissionControl:
 
     def __init__(self) -> None:
         self._log_correction = 0.0
+        self._last_observed: float | None = None
         self._lock = threading.Lock()
         self.on_shed: list[Callable[[str, str], None]] = []               # (slo class, reason)
         self.on_observed: list[Callable[[float, float, float], None]] = []   # (predicted, observed, correction)
@@ -127,10 +130,18 @@ class AdmissionControl:
         late = observed > predicted
         low, high = CORRECTION_BOUNDS
         with self._lock:   # up by q when it came later than predicted, down by 1 - q when not: P(later) -> 1 - q
-            moved = self._log_correction + CORRECTION_STEP * (CORRECTION_QUANTILE if late else CORRECTION_QUANTILE - 1)
+            step = CORRECTION_STEP * self._weight(first_token)
+            moved = self._log_correction + step * (CORRECTION_QUANTILE if late else CORRECTION_QUANTILE - 1)
             self._log_correction = min(max(moved, math.log(low)), math.log(high))
         for listener in self.on_observed:
             listener(predicted, observed, self.correction)
+
+    def _weight(self, now: float) -> float:
+        """An observation's share of a full step: 1 where they come CORRECTION_SPACING_S apart or more, less where
+        they come faster (a GPU serving a hundred requests a second), so the correction moves at most about
+        CORRECTION_STEP per CORRECTION_SPACING_S whatever the request rate."""
+        last, self._last_observed = self._last_observed, now
+        return 1.0 if last is None else min(1.0, max(0.0, now - last) / CORRECTION_SPACING_S)
 
     def expired(self, scheduler: Scheduler, now: float) -> list[Request]:
         """Queued requests to end now: never scheduled, past their TTFT deadline, of a class whose
