@@ -57,7 +57,9 @@ class LevelResult:
     goodput_rps: float                # within SLO per second of arrivals; shed = missed
     shed: int
     admitted_within_slo: float | None # share of the admitted requests that met their SLO
-    shed_answer_p99_s: float | None = None   # live: client-side time to a 429
+    shed_answer_p99_s: float | None = None   # live: client-side time to a 429 refused on arrival (not the expired)
+    shed_expired: int | None = None   # live: 429s `deadline_expired`, answered when the queued request's TTFT
+                                      # deadline passed (its class's `late: shed` rule), not on arrival
     shed_without_retry_after: int = 0
     server_errors: int = 0            # live: answers other than 200 and 429, stream errors, and requests unfinished
                                       # --drain-s after the last arrival
@@ -146,14 +148,18 @@ def live_daemon(args: argparse.Namespace, admission: bool, state_dir: str) -> It
 
 def live_level(run: BenchRun, slo: SloClass, duration_s: float, level: float, rps: float,
                admission: bool) -> LevelResult:
-    """A 429 is a shed request (a miss), answered at the client in `answered - sent`."""
+    """A 429 is a shed request (a miss); one refused on arrival is answered at the client in `answered - sent`,
+    one that expired in the queue at its TTFT deadline."""
     end = run.start + duration_s + 1e9
-    records, shed_times, no_retry, errors = [], [], 0, 0
+    records, shed_times, no_retry, errors, expired = [], [], 0, 0, 0
     for r in run.results:
         record = r.record(end)
         if r.status == 429:
             record = replace(record, finish_reason="shed", first_token=None, token_times=())
-            shed_times.append(r.answered - r.sent)
+            if r.error_code == "deadline_expired":
+                expired += 1
+            else:
+                shed_times.append(r.answered - r.sent)
             no_retry += r.retry_after is None
         elif r.status != 200 or r.error:
             errors += 1
@@ -161,7 +167,8 @@ def live_level(run: BenchRun, slo: SloClass, duration_s: float, level: float, rp
     result = judged(records, slo, duration_s, level, rps, admission)
     p99 = statistics.quantiles(shed_times, n=100, method="inclusive")[98] if len(shed_times) > 1 else \
         (shed_times[0] if shed_times else None)
-    return replace(result, shed_answer_p99_s=p99, shed_without_retry_after=no_retry, server_errors=errors)
+    return replace(result, shed_answer_p99_s=p99, shed_without_retry_after=no_retry, server_errors=errors,
+                   shed_expired=expired)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -203,8 +210,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def markdown(series: list[dict[str, Any]]) -> str:
     rows = ["| target | workload | capacity (req/s) | load | goodput off (req/s) | goodput on (req/s) | on / 1.0x off "
-            "| shed | admitted within SLO | admitted misses: TTFT / TBT / unfinished |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "| shed (of them expired in the queue) | refused on arrival: p99 answer at the client | admitted within SLO "
+            "| admitted misses: TTFT / TBT / unfinished |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in series:
         by = {(r["level"], r["admission"]): r for r in s["levels"]}
         base = by.get((1.0, False), {}).get("goodput_rps") or 0.0
@@ -215,9 +223,20 @@ def markdown(series: list[dict[str, Any]]) -> str:
             within = "-" if on["admitted_within_slo"] is None else f"{on['admitted_within_slo']:.1%}"
             ratio = f"{on['goodput_rps'] / base:.2f}x" if base else "-"
             rows.append(f"| {s['target']} | {s['workload']} | {s['capacity_rps']:.3g} | {level:g}x | "
-                        f"{off['goodput_rps']:.3f} | {on['goodput_rps']:.3f} | {ratio} | {on['shed']} of "
-                        f"{on['requests']} | {within} | {misses(on)} |")
+                        f"{off['goodput_rps']:.3f} | {on['goodput_rps']:.3f} | {ratio} | {shed(on)} | {answer(on)} | "
+                        f"{within} | {misses(on)} |")
     return "\n".join(rows)
+
+
+def shed(row: dict[str, Any]) -> str:
+    expired = f" ({row['shed_expired']})" if row.get("shed_expired") is not None else ""
+    return f"{row['shed']}{expired} of {row['requests']}"
+
+
+def answer(row: dict[str, Any]) -> str:
+    """Where the results file tells refusals on arrival apart from expired requests: their client-side p99."""
+    p99 = row.get("shed_answer_p99_s")
+    return "-" if p99 is None or row.get("shed_expired") is None else f"{1000 * p99:.0f} ms"
 
 
 def misses(row: dict[str, Any]) -> str:

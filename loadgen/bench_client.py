@@ -89,6 +89,7 @@ class RequestResult:
     status: int | None = None                 # the HTTP status; None where no response came
     answered: float | None = None             # when the response's status line came
     retry_after: str | None = None            # a refusal's Retry-After header
+    error_code: str | None = None             # an error reply's OpenAI `code` (e.g. overloaded, deadline_expired)
 
     @property
     def ok(self) -> bool:
@@ -231,7 +232,8 @@ async def send_at(client: httpx.AsyncClient, start: float, result: RequestResult
             result.status, result.answered = response.status_code, time.monotonic()
             if response.status_code != 200:
                 result.retry_after = response.headers.get("retry-after")
-                result.error = f"HTTP {response.status_code}: {_error_message(await response.aread())}"
+                body = await response.aread()
+                result.error, result.error_code = f"HTTP {response.status_code}: {_error_message(body)}", _error_code(body)
                 return
             await _read_stream(response, result)
     except (httpx.HTTPError, ValueError) as e:     # ValueError: a chunk that is not JSON
@@ -295,6 +297,14 @@ def _error_message(body: bytes) -> str:
         return str(json.loads(body)["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return body.decode(errors="replace")[:200]
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None if code is None else str(code)
 
 
 # ---- composition: workload -> run -> files -------------------------------------------------------

@@ -172,3 +172,11 @@ def test_an_empty_closing_chunk_beyond_the_usage_is_not_a_token():
     ours = RequestResult(0, spec, chunk_times=[1.0, 2.0], output_tokens=2)
     _drop_closing_chunk(ours, True)
     assert llama.chunk_times == [1.0, 2.0] and ours.chunk_times == [1.0, 2.0]
+
+
+def test_an_error_reply_keeps_its_openai_code():
+    from loadgen.bench_client import _error_code
+    assert _error_code(b'{"error": {"message": "m", "type": "rate_limit_error", "code": "deadline_expired"}}') \
+        == "deadline_expired"
+    assert _error_code(b'{"error": {"message": "m", "code": null}}') is None
+    assert _error_code(b"<html>bad gateway</html>") is None
