@@ -13,6 +13,8 @@ from policies.view import SchedulerView, decode_tokens_left
 def blocks_to_keep_free(step: StepBuilder, view: SchedulerView, watermark: float, output_share: float) -> int:
     if not step.running:
         return 0    # an idle engine admits anything that fits the pool, or it could stall
+    if not view.waiting:
+        return 0    # nothing to start: the sum over every running request, every step, is not needed
     keep = int(watermark * view.total_blocks)
     if not output_share:
         return keep

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from engine.kv_cache.block_manager import BlockManager
 from engine.scheduling.admission import AdmissionControl
-from engine.scheduling.output_share import OutputShare
 from engine.scheduling.error_budget import ErrorBudget
+from engine.scheduling.output_share import OutputShare
 from engine.scheduling.request import FinishReason, Request, RequestStatus
 from policies import DEFAULT_POLICY, BatchPlan, Knobs, SchedulerView, get_policy
 from policies.registry import Policy
